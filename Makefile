@@ -1,0 +1,45 @@
+# kvpool — top-level entry points.  `make run` and `make test` work on a fresh
+# Debian 12 machine as root: missing packages are installed first.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+RUN_URI ?= embedded://?capacity=4GiB
+
+.PHONY: all deps build asan test test-release test-asan run bench clean
+
+all: build
+
+deps:
+	@sh scripts/install-deps.sh
+
+build/CMakeCache.txt:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+
+build: deps build/CMakeCache.txt
+	cmake --build build -j$(JOBS)
+
+build-asan/CMakeCache.txt:
+	CC=clang-14 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=ON
+
+asan: deps build-asan/CMakeCache.txt
+	cmake --build build-asan -j$(JOBS)
+
+test-release: build
+	cd build && ctest --output-on-failure -j$(JOBS)
+
+test-asan: asan
+	cd build-asan && ctest --output-on-failure -j$(JOBS) -LE no_asan
+
+# Every test, in the release build and again under ASan+UBSan.
+test: test-release test-asan
+
+# The main job on the embedded pool (a short bench until the trace replay exists).
+run: build
+	build/kvpool bench --uri '$(RUN_URI)' --op put --size 1MiB --count 2000 --threads 1
+	build/kvpool bench --uri '$(RUN_URI)' --op get --size 1MiB --count 2000 --threads 1
+	build/kvpool bench --uri '$(RUN_URI)' --op prefix --size 4KiB --count 100000 --threads 1
+
+# The benchmarks the issues quote (longer; not part of `make test`).
+bench: build
+	sh bench/embedded.sh
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,114 @@
+#include "common/units.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Parses "<number><unit>" where number may have one decimal point. */
+static int parse_number(const char *s, double *v_p, const char **end_p)
+{
+    const char *p = s;
+    int digits = 0, dot = 0;
+    while (*p == ' ')
+        p++;
+    const char *start = p;
+    for (; *p; p++) {
+        if (*p >= '0' && *p <= '9')
+            digits++;
+        else if (*p == '.' && !dot)
+            dot = 1;
+        else
+            break;
+    }
+    if (!digits)
+        return -1;
+    char tmp[64];
+    size_t n = (size_t)(p - start);
+    if (n >= sizeof tmp)
+        return -1;
+    memcpy(tmp, start, n);
+    tmp[n] = 0;
+    *v_p = strtod(tmp, NULL);
+    while (*p == ' ')
+        p++;
+    *end_p = p;
+    return 0;
+}
+
+kvp_status_t kvp__parse_size(const char *s, uint64_t *bytes_p)
+{
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {
+        {"", 1},
+        {"b", 1},
+        {"k", 1024.0},
+        {"kb", 1024.0},
+        {"kib", 1024.0},
+        {"m", 1048576.0},
+        {"mb", 1048576.0},
+        {"mib", 1048576.0},
+        {"g", 1073741824.0},
+        {"gb", 1073741824.0},
+        {"gib", 1073741824.0},
+        {"t", 1099511627776.0},
+        {"tb", 1099511627776.0},
+        {"tib", 1099511627776.0},
+    };
+    double v;
+    const char *u;
+    if (!s || parse_number(s, &v, &u) != 0)
+        return KVP_ERR_BAD_SIZE;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(u, units[i].unit) == 0) {
+            double b = v * units[i].mult;
+            if (!(b >= 0) || b > 9.2e18 || b != floor(b))
+                return KVP_ERR_BAD_SIZE;
+            *bytes_p = (uint64_t)b;
+            return KVP_OK;
+        }
+    }
+    return KVP_ERR_BAD_SIZE;
+}
+
+kvp_status_t kvp__parse_duration_ns(const char *s, uint64_t *ns_p)
+{
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {
+        {"", 1e9}, {"ns", 1}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}, {"m", 60e9}, {"h", 3600e9},
+    };
+    double v;
+    const char *u;
+    if (!s || parse_number(s, &v, &u) != 0)
+        return KVP_ERR_BAD_OPTION;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(u, units[i].unit) == 0) {
+            double ns = v * units[i].mult;
+            if (!(ns >= 0) || ns > 9.2e18)
+                return KVP_ERR_BAD_OPTION;
+            *ns_p = (uint64_t)ns;
+            return KVP_OK;
+        }
+    }
+    return KVP_ERR_BAD_OPTION;
+}
+
+void kvp__format_size(uint64_t bytes, char *buf, int buflen)
+{
+    static const char *names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int i = 0;
+    while (v >= 1024.0 && i < 4) {
+        v /= 1024.0;
+        i++;
+    }
+    if (i == 0)
+        snprintf(buf, (size_t)buflen, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, (size_t)buflen, "%.1f %s", v, names[i]);
+}
