@@ -23,6 +23,10 @@
  * Once validated, each key gets its own result: batches are not
  * all-or-nothing (one key may be stored while another gets KVP_ERR_NO_SPACE).
  * The call then returns KVP_OK even if some keys failed; look at results[].
+ * Per-key outcomes: PUT: KVP_OK (stored, or KVP_RESULT_EXISTED), KVP_ERR_NO_SPACE;
+ * GET: KVP_OK (size = value size), KVP_ERR_NOT_FOUND, KVP_ERR_BUFFER_TOO_SMALL
+ * (the destination is shorter than the value: nothing is copied for that key
+ * and size tells the length needed); REMOVE/PIN/UNPIN: KVP_OK, KVP_ERR_NOT_FOUND.
  *
  * Thread safety.  One kvp_pool_t may be shared by any number of threads.
  *

@@ -1,0 +1,25 @@
+/*
+ * What a pool backend implements.  pool.c validates every op before it
+ * reaches a backend, so backends see well-formed batches only.
+ */
+#ifndef KVP_CLIENT_BACKEND_H
+#define KVP_CLIENT_BACKEND_H
+
+#include "client/uri.h"
+#include "kvpool/pool.h"
+
+typedef struct kvp__backend_ops {
+    const char *scheme;
+    /* Opens the backend from a parsed URI; *impl_p is passed to the others. */
+    kvp_status_t (*open)(kvp__uri_t *uri, void **impl_p);
+    void (*close)(void *impl);
+    /* Runs a validated op (async contract of pool.h). */
+    kvp_status_t (*submit)(void *impl, kvp_op_t *op);
+    kvp_status_t (*stats)(void *impl, kvp_pool_stats_t *st);
+    /* Largest value this backend accepts (for validation). */
+    uint64_t (*max_value)(void *impl);
+} kvp__backend_ops_t;
+
+extern const kvp__backend_ops_t kvp__embedded_backend;
+
+#endif

@@ -1,0 +1,85 @@
+/*
+ * The storage engine: an arena of value bytes, a sharded index of committed
+ * objects, two-phase puts, read leases, approximate-LRU eviction and the
+ * counters behind kvp_pool_stats.  The embedded backend calls it directly;
+ * the server (later) calls it from its event loop.  All functions are
+ * thread-safe unless noted.
+ *
+ * Arguments are assumed valid (the pool layer validates batches); the engine
+ * still never trusts sizes for memory safety.
+ */
+#ifndef KVP_STORE_STORE_H
+#define KVP_STORE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool/pool.h"
+#include "kvpool/status.h"
+#include "store/provider.h"
+
+typedef struct kvp__store kvp__store_t;
+typedef struct kvp__resv kvp__resv_t;
+
+typedef struct kvp__store_params {
+    uint64_t capacity;          /* arena bytes (> 0) */
+    double high_watermark;      /* start evicting above this fraction (0 < lw < hw <= 1) */
+    double low_watermark;       /* ... and stop at this fraction */
+    uint64_t put_timeout_ns;    /* reservations older than this are reclaimed */
+    uint32_t shards;            /* index shards, a power of two (0 = default 256) */
+    kvp_mem_kind_t mem_kind;
+    kvp_huge_mode_t huge;
+    int prefault;               /* touch the whole arena at create */
+    /* Time source for reservations (tests); NULL = monotonic clock. */
+    uint64_t (*now_ns)(void *arg);
+    void *now_arg;
+} kvp__store_params_t;
+
+/* Fills p with the defaults (capacity must still be set). */
+void kvp__store_params_default(kvp__store_params_t *p);
+
+kvp_status_t kvp__store_create(const kvp__store_params_t *params, kvp__store_t **store_p);
+void kvp__store_destroy(kvp__store_t *store);
+
+/* Largest value the store can ever hold. */
+uint64_t kvp__store_max_value(const kvp__store_t *store);
+
+/* One-phase operations (the embedded backend). */
+int kvp__store_exists(kvp__store_t *s, const void *key, uint32_t klen);
+size_t kvp__store_prefix(kvp__store_t *s, const kvp_key_t *keys, size_t n);
+void kvp__store_exists_batch(kvp__store_t *s, const kvp_key_t *keys, size_t n, uint8_t *present);
+kvp_status_t kvp__store_put(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *val,
+                            uint64_t total, uint32_t *flags_p);
+/* Copies the value into dst under a read lease.  *size_p = value size (also
+ * on KVP_ERR_BUFFER_TOO_SMALL). */
+kvp_status_t kvp__store_get(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *dst,
+                            uint64_t dst_cap, uint64_t *size_p);
+kvp_status_t kvp__store_remove(kvp__store_t *s, const void *key, uint32_t klen);
+kvp_status_t kvp__store_pin(kvp__store_t *s, const void *key, uint32_t klen, int pin);
+uint64_t kvp__store_remove_all(kvp__store_t *s);
+void kvp__store_stats(kvp__store_t *s, kvp_pool_stats_t *st);
+
+/*
+ * Two-phase put (what the server uses): reserve space, fill it, commit.
+ * reserve: KVP_OK with *resv_p and *dst_p (size bytes to fill), or KVP_OK
+ * with *resv_p == NULL and KVP_RESULT_EXISTED in *flags_p when the key is
+ * already committed, or KVP_ERR_NO_SPACE / KVP_ERR_NO_MEMORY.  A reservation
+ * is invisible to readers.  While `held` is 0 the reservation is reclaimed
+ * once older than put_timeout (counted in expired_put); a held one (the owner
+ * is filling it now) never is.
+ * commit: makes the object visible (KVP_OK), or KVP_OK + EXISTED when another
+ * writer committed the key first (ours is discarded), or KVP_ERR_EXPIRED.
+ * commit and abort always release the reservation.
+ */
+kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen, uint64_t size,
+                                int held, kvp__resv_t **resv_p, void **dst_p, uint32_t *flags_p);
+void kvp__store_resv_hold(kvp__store_t *s, kvp__resv_t *r, int held);
+kvp_status_t kvp__store_commit(kvp__store_t *s, kvp__resv_t *r, uint32_t *flags_p);
+void kvp__store_abort(kvp__store_t *s, kvp__resv_t *r);
+/* Reclaims expired, unheld reservations now; returns how many. */
+uint64_t kvp__store_reap(kvp__store_t *s);
+
+/* Checks internal invariants (tests): allocator sound, counts consistent. */
+kvp_status_t kvp__store_check(kvp__store_t *s);
+
+#endif

@@ -1,0 +1,113 @@
+/*
+ * Storage-engine internals shared by store.c, index.c and evict.c.
+ *
+ * Locking order (never taken in the other direction):
+ *     evict_lock  ->  shard lock  ->  alloc_lock
+ *     resv_lock   ->  alloc_lock
+ * Functions prefixed do_ expect the caller to hold the named shard's lock.
+ */
+#ifndef KVP_STORE_STORE_INT_H
+#define KVP_STORE_STORE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "store/store.h"
+#include "store/tlsf.h"
+
+#define KVP_OBJ_PINNED 0x1u
+
+/* One committed object (or, before commit, the object a reservation will
+ * become).  56 bytes + key: with the bucket slot this keeps the index under
+ * 96 bytes per object plus the key (measured by the bench). */
+typedef struct kvp__obj {
+    struct kvp__obj *hnext;            /* hash chain */
+    struct kvp__obj *lru_prev;         /* shard LRU list; pinned objects are not on it */
+    struct kvp__obj *lru_next;
+    uint64_t off;                      /* payload offset from the arena base */
+    _Atomic uint32_t refs;             /* 1 while indexed, +1 per read lease */
+    uint32_t size;                     /* value bytes (<= 256 MiB) */
+    uint32_t hash32;                   /* upper key-hash bits, to skip memcmp */
+    uint32_t atime;                    /* last access, coarse ms ticks (wraps) */
+    uint16_t klen;
+    uint8_t flags;                     /* KVP_OBJ_* */
+    uint8_t unused;
+    char key[];
+} kvp__obj_t;
+
+typedef struct kvp__shard {
+    pthread_mutex_t lock;
+    kvp__obj_t **buckets;
+    uint64_t nbuckets;                 /* power of two */
+    uint64_t count;                    /* live objects */
+    kvp__obj_t *lru_head;              /* most recently used */
+    kvp__obj_t *lru_tail;
+    /* Counters, changed only under `lock`, summed by kvp__store_stats with
+     * every shard locked, so a snapshot is consistent. */
+    uint64_t committed, evicted, removed, reset;
+    uint64_t live_bytes, pinned, put_existed, hits, misses, evicted_bytes;
+    uint64_t index_bytes;
+} __attribute__((aligned(64))) kvp__shard_t;
+
+struct kvp__resv {
+    struct kvp__resv *prev, *next;     /* open-reservation list, oldest first */
+    kvp__obj_t *obj;                   /* not yet indexed */
+    uint64_t hash;
+    uint64_t deadline_ns;
+    int held;                          /* owner filling now: never reclaimed */
+    int expired;                       /* reclaimed: commit answers EXPIRED */
+    int linked;
+};
+
+struct kvp__store {
+    kvp__store_params_t params;
+    kvp__mem_t mem;
+    char *base;                        /* == mem.base */
+
+    pthread_mutex_t alloc_lock;
+    kvp__tlsf_t tlsf;
+    _Atomic uint64_t used_bytes;       /* mirror of tlsf.used for lock-free reads */
+    uint64_t high_bytes, low_bytes;
+
+    pthread_mutex_t evict_lock;
+    uint32_t evict_cursor;             /* under evict_lock */
+
+    pthread_mutex_t resv_lock;
+    kvp__resv_t *resv_head, *resv_tail;
+    uint64_t resv_count;               /* under resv_lock */
+    uint64_t expired_put;              /* under resv_lock */
+
+    _Atomic uint64_t put_no_space;
+    _Atomic uint64_t leases;           /* read leases held now */
+
+    uint32_t nshards;
+    uint32_t shard_shift;              /* 64 - log2(nshards) */
+    kvp__shard_t *shards;
+};
+
+/* index.c */
+uint64_t kvp__key_hash(const void *key, uint32_t klen);
+static inline kvp__shard_t *kvp__shard_of(kvp__store_t *s, uint64_t h)
+{
+    return &s->shards[s->shard_shift >= 64 ? 0 : (h >> s->shard_shift)];
+}
+uint32_t kvp__ticks_now(void);
+kvp__obj_t *kvp__do_find(kvp__shard_t *sh, uint64_t h, const void *key, uint32_t klen);
+void kvp__do_insert(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h);
+void kvp__do_unlink(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h);
+void kvp__do_lru_push(kvp__shard_t *sh, kvp__obj_t *o);
+void kvp__do_lru_remove(kvp__shard_t *sh, kvp__obj_t *o);
+void kvp__do_lru_touch(kvp__shard_t *sh, kvp__obj_t *o);
+size_t kvp__obj_bytes(uint32_t klen);
+kvp_status_t kvp__shards_init(kvp__store_t *s);
+void kvp__shards_destroy(kvp__store_t *s);
+
+/* store.c */
+void kvp__obj_unref(kvp__store_t *s, kvp__obj_t *o);
+
+/* evict.c */
+/* Evicts until used + need <= target (bytes).  Returns 1 if it reached the
+ * target, 0 if nothing evictable was left first. */
+int kvp__evict_until(kvp__store_t *s, uint64_t need, uint64_t target);
+
+#endif

@@ -1,0 +1,87 @@
+/* Unit tests of src/common: status names, sizes and durations, the allocation shim. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/units.h"
+#include "kvpool/status.h"
+#include "test.h"
+
+TEST(test_status_every_code_has_name_and_message)
+{
+#define CHECK_CODE(name, value, msg)                                  \
+    ASSERT_STR_EQ(kvp_status_name(name), #name);                      \
+    ASSERT_STR_EQ(kvp_status_str(name), msg);                         \
+    ASSERT(strlen(msg) > 0);
+    KVP_STATUS_LIST(CHECK_CODE)
+#undef CHECK_CODE
+    ASSERT_STR_EQ(kvp_status_name((kvp_status_t)-12345), "KVP_UNKNOWN_STATUS");
+    ASSERT_STR_EQ(kvp_status_str((kvp_status_t)-12345), "unknown status");
+    ASSERT_EQ(KVP_OK, 0);
+    ASSERT_EQ(KVP_INPROGRESS, 1);
+}
+
+TEST(test_parse_size_units)
+{
+    uint64_t v;
+    ASSERT_OK(kvp__parse_size("4GiB", &v));
+    ASSERT_EQ(v, 4ull << 30);
+    ASSERT_OK(kvp__parse_size("512MiB", &v));
+    ASSERT_EQ(v, 512ull << 20);
+    ASSERT_OK(kvp__parse_size("64KiB", &v));
+    ASSERT_EQ(v, 65536);
+    ASSERT_OK(kvp__parse_size("100B", &v));
+    ASSERT_EQ(v, 100);
+    ASSERT_OK(kvp__parse_size("100", &v));
+    ASSERT_EQ(v, 100);
+    ASSERT_OK(kvp__parse_size("1.5GB", &v)); /* Mooncake's config form */
+    ASSERT_EQ(v, 3ull << 29);
+    ASSERT_OK(kvp__parse_size("2 mib", &v));
+    ASSERT_EQ(v, 2ull << 20);
+    ASSERT_EQ(kvp__parse_size("", &v), KVP_ERR_BAD_SIZE);
+    ASSERT_EQ(kvp__parse_size("GiB", &v), KVP_ERR_BAD_SIZE);
+    ASSERT_EQ(kvp__parse_size("-1GiB", &v), KVP_ERR_BAD_SIZE);
+    ASSERT_EQ(kvp__parse_size("4XiB", &v), KVP_ERR_BAD_SIZE);
+    ASSERT_EQ(kvp__parse_size("1.3B", &v), KVP_ERR_BAD_SIZE); /* not whole bytes */
+    ASSERT_EQ(kvp__parse_size("99999999999TiB", &v), KVP_ERR_BAD_SIZE);
+    ASSERT_EQ(kvp__parse_size(NULL, &v), KVP_ERR_BAD_SIZE);
+}
+
+TEST(test_parse_duration)
+{
+    uint64_t ns;
+    ASSERT_OK(kvp__parse_duration_ns("30s", &ns));
+    ASSERT_EQ(ns, 30000000000ull);
+    ASSERT_OK(kvp__parse_duration_ns("500ms", &ns));
+    ASSERT_EQ(ns, 500000000ull);
+    ASSERT_OK(kvp__parse_duration_ns("2", &ns));
+    ASSERT_EQ(ns, 2000000000ull);
+    ASSERT_OK(kvp__parse_duration_ns("1m", &ns));
+    ASSERT_EQ(ns, 60000000000ull);
+    ASSERT_EQ(kvp__parse_duration_ns("1parsec", &ns), KVP_ERR_BAD_OPTION);
+    ASSERT_EQ(kvp__parse_duration_ns("", &ns), KVP_ERR_BAD_OPTION);
+}
+
+TEST(test_alloc_shim_counts_and_injects)
+{
+    uint64_t base = kvp__alloc_bytes_in_use();
+    void *p = kvp__malloc(1000);
+    ASSERT(p);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base + 1000);
+    p = kvp__realloc(p, 1000, 3000);
+    ASSERT(p);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base + 3000);
+    kvp__free(p, 3000);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
+    kvp__alloc_fail_after(1);
+    void *a = kvp__malloc(10);
+    void *b = kvp__malloc(10);
+    kvp__alloc_fail_reset();
+    ASSERT(a != NULL);
+    ASSERT(b == NULL);
+    kvp__free(a, 10);
+    ASSERT(kvp__calloc(SIZE_MAX / 2, 4) == NULL); /* overflow refused */
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
+}
+
+TEST_LIST(T(test_status_every_code_has_name_and_message), T(test_parse_size_units),
+          T(test_parse_duration), T(test_alloc_shim_counts_and_injects))
