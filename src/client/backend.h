@@ -21,5 +21,6 @@ typedef struct kvp__backend_ops {
 } kvp__backend_ops_t;
 
 extern const kvp__backend_ops_t kvp__embedded_backend;
+extern const kvp__backend_ops_t kvp__remote_backend;
 
 #endif

@@ -19,7 +19,7 @@ struct kvp_pool {
     uint64_t max_value;
 };
 
-static const kvp__backend_ops_t *const g_backends[] = {&kvp__embedded_backend};
+static const kvp__backend_ops_t *const g_backends[] = {&kvp__embedded_backend, &kvp__remote_backend};
 
 kvp_status_t kvp_pool_open(const char *uri, kvp_pool_t **pool_p)
 {
@@ -39,7 +39,7 @@ kvp_status_t kvp_pool_open(const char *uri, kvp_pool_t **pool_p)
         if (strcmp(u->scheme, g_backends[i]->scheme) == 0)
             ops = g_backends[i];
     if (!ops) {
-        if (!strcmp(u->scheme, "kvpool") || !strcmp(u->scheme, "etcd")) {
+        if (!strcmp(u->scheme, "etcd")) {
             kvp_error("pool_open: the %s:// backend is not part of this build", u->scheme);
             st = KVP_ERR_UNSUPPORTED;
         } else {

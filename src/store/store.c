@@ -435,6 +435,46 @@ size_t kvp__store_prefix(kvp__store_t *s, const kvp_key_t *keys, size_t n)
     return lookup_batch(s, keys, n, NULL, 1);
 }
 
+kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
+                                const void **data_p, uint64_t *size_p, kvp__lease_t **lease_p)
+{
+    uint64_t h = kvp__key_hash(key, klen);
+    kvp__shard_t *sh = kvp__shard_of(s, h);
+    pthread_mutex_lock(&sh->lock);
+    kvp__obj_t *o = kvp__do_find(sh, h, key, klen);
+    if (!o) {
+        sh->misses++;
+        pthread_mutex_unlock(&sh->lock);
+        *data_p = NULL;
+        *size_p = 0;
+        *lease_p = NULL;
+        return KVP_ERR_NOT_FOUND;
+    }
+    sh->hits++;
+    atomic_fetch_add_explicit(&o->refs, 1, memory_order_acq_rel);
+    kvp__do_lru_touch(sh, o);
+    pthread_mutex_unlock(&sh->lock);
+    atomic_fetch_add_explicit(&s->leases, 1, memory_order_relaxed);
+    *data_p = s->base + o->off;
+    *size_p = o->size;
+    *lease_p = o;
+    return KVP_OK;
+}
+
+void kvp__store_release(kvp__store_t *s, kvp__lease_t *lease)
+{
+    if (!lease)
+        return;
+    atomic_fetch_sub_explicit(&s->leases, 1, memory_order_relaxed);
+    kvp__obj_unref(s, lease);
+}
+
+void kvp__store_arena(kvp__store_t *s, void **base_p, size_t *len_p)
+{
+    *base_p = s->mem.base;
+    *len_p = s->mem.size;
+}
+
 kvp_status_t kvp__store_get(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *dst,
                             uint64_t dst_cap, uint64_t *size_p)
 {

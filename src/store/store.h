@@ -54,6 +54,17 @@ kvp_status_t kvp__store_put(kvp__store_t *s, const void *key, uint32_t klen, con
  * on KVP_ERR_BUFFER_TOO_SMALL). */
 kvp_status_t kvp__store_get(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *dst,
                             uint64_t dst_cap, uint64_t *size_p);
+/* Zero-copy read (the server sends straight from the arena): takes a read
+ * lease on the object and returns its bytes.  *lease_p must be given back
+ * with kvp__store_release once the bytes are no longer read; until then the
+ * object's space is never reused (it may be removed or evicted from the
+ * index meanwhile, but its bytes stay valid).  KVP_OK or KVP_ERR_NOT_FOUND. */
+typedef struct kvp__obj kvp__lease_t;
+kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
+                                const void **data_p, uint64_t *size_p, kvp__lease_t **lease_p);
+void kvp__store_release(kvp__store_t *s, kvp__lease_t *lease);
+/* The arena region, for registering it with a transport. */
+void kvp__store_arena(kvp__store_t *s, void **base_p, size_t *len_p);
 kvp_status_t kvp__store_remove(kvp__store_t *s, const void *key, uint32_t klen);
 kvp_status_t kvp__store_pin(kvp__store_t *s, const void *key, uint32_t klen, int pin);
 uint64_t kvp__store_remove_all(kvp__store_t *s);

@@ -1,0 +1,1089 @@
+/*
+ * kvpool://HOST:PORT — the pool on a kvpool server, over UCX active messages.
+ *
+ * Options: timeout (default call timeout, e.g. 5s), token_file (the shared
+ * secret's file; or env KVPOOL_TOKEN).
+ *
+ * Threads.  One UCX worker in multi-thread mode.  Callers' threads encode and
+ * post requests themselves; a progress thread sleeps on the worker's event fd
+ * and runs every callback (replies, send and receive completions), checks
+ * deadlines and tears broken connections down.  The client's own mutex is
+ * never held across a UCX call (UCX callbacks take it, so holding it around
+ * one would invert the lock order).
+ *
+ * An op completes when both its request send has completed (UCX no longer
+ * reads the caller's buffers) and its reply has been fully received (get
+ * values are in the caller's buffers), then its callback fires, once.
+ *
+ * Failures.  When the endpoint fails (server gone) or an op's deadline passes,
+ * the connection is torn down with a forced close, which completes every
+ * outstanding UCX request; every op of that connection then completes with
+ * KVP_ERR_CONN_LOST (KVP_ERR_TIMEOUT for those past their deadline).  The
+ * next op reconnects, no sooner than an exponential backoff (100 ms .. 5 s)
+ * after the last failed attempt; ops in the backoff window fail at once with
+ * KVP_ERR_CONN_LOST.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "client/backend.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "net/handshake.h"
+#include "net/ucx.h"
+#include "net/wire.h"
+
+#define NBUCKETS 256
+
+/* One caller op; a put whose header would exceed KVP_AM_HDR_MAX travels as
+ * several requests (each a slice of its keys), all posted at once. */
+typedef struct opctx {
+    kvp_op_t *op;
+    uint32_t left;          /* requests not finished */
+    kvp_status_t status;    /* first failure */
+} opctx_t;
+
+typedef struct pending {
+    struct pending *next;
+    opctx_t *parent;              /* NULL for internal ops (stats) */
+    uint32_t off, cnt;            /* the slice of the op's keys */
+    uint64_t req_id;
+    uint32_t wop;
+    int gen;
+    kvp_op_t *op;                 /* parent->op, or NULL */
+    int send_done, reply_done, timed_out;
+    kvp_status_t status;
+    uint64_t deadline_ns;
+    kvp__mpw_t w;                 /* the request header */
+    uint8_t wbuf[512];
+    kvp__mpw_t w2;                /* IN_DATA: the short header (w is then the data) */
+    uint8_t w2buf[64];
+    ucp_dt_iov_t *iov;            /* put sources / get destinations */
+    uint32_t niov;
+    /* internal ops */
+    kvp_pool_stats_t *stats_out;
+    uint64_t hello_max_value;
+    int finished;
+} pending_t;
+
+typedef struct remote {
+    char host[256];
+    uint16_t port;
+    char *token;
+    uint32_t timeout_ms;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_mutex_t conn_mu;       /* one connect at a time */
+    ucp_ep_h ep;
+    int tcp_fd;                    /* the handshake socket: closes when the server dies */
+    uint64_t conn_key;
+    int epfd;                      /* the progress thread's */
+    int connected;
+    int gen;
+    ucp_ep_h dead_ep;              /* to be closed by the progress thread */
+    int dead_fd;
+    uint64_t next_retry_ns;
+    uint32_t backoff_ms;
+    pending_t *bucket[NBUCKETS];
+    uint64_t npending;
+    _Atomic uint64_t next_id;
+    pthread_t thr;
+    int stop;
+    int wake_fd;
+    uint64_t max_value;
+} remote_t;
+
+/* ---- pending table (under mu) ---- */
+
+static void do_add(remote_t *r, pending_t *p)
+{
+    pending_t **b = &r->bucket[p->req_id % NBUCKETS];
+    p->next = *b;
+    *b = p;
+    r->npending++;
+}
+
+static pending_t *do_find(remote_t *r, uint64_t id)
+{
+    for (pending_t *p = r->bucket[id % NBUCKETS]; p; p = p->next)
+        if (p->req_id == id)
+            return p;
+    return NULL;
+}
+
+static void do_remove(remote_t *r, pending_t *p)
+{
+    pending_t **pp = &r->bucket[p->req_id % NBUCKETS];
+    while (*pp && *pp != p)
+        pp = &(*pp)->next;
+    if (*pp) {
+        *pp = p->next;
+        r->npending--;
+    }
+}
+
+static void pending_free(pending_t *p)
+{
+    kvp__mpw_free(&p->w);
+    kvp__mpw_free(&p->w2);
+    kvp__free(p->iov, p->niov * sizeof *p->iov);
+    kvp__free(p, sizeof *p);
+}
+
+/* Called with mu held when a side of p finished: retires p if both did.
+ * Returns the caller op to complete (after unlocking) when p was its last
+ * request, else NULL. */
+static opctx_t *do_maybe_done(remote_t *r, pending_t *p)
+{
+    if (!p->send_done || !p->reply_done || p->finished)
+        return NULL;
+    p->finished = 1;
+    do_remove(r, p);
+    opctx_t *oc = p->parent;
+    if (!oc) {
+        pthread_cond_broadcast(&r->cv);
+        return NULL; /* an internal op: its waiter frees it */
+    }
+    if (p->status != KVP_OK && oc->status == KVP_OK)
+        oc->status = p->status;
+    pending_free(p);
+    return --oc->left == 0 ? oc : NULL;
+}
+
+static void fire(opctx_t *oc)
+{
+    if (!oc)
+        return;
+    kvp_op_t *op = oc->op;
+    kvp_status_t st = oc->status;
+    kvp__free(oc, sizeof *oc);
+    if (op->cb)
+        op->cb(op->cb_arg, st);
+}
+
+static void do_fail_reply(pending_t *p, kvp_status_t st)
+{
+    if (p->reply_done)
+        return;
+    p->reply_done = 1;
+    p->status = p->timed_out ? KVP_ERR_TIMEOUT : st;
+}
+
+/* ---- UCX callbacks (progress thread) ---- */
+
+static void on_send_done(void *request, ucs_status_t status, void *user_data)
+{
+    remote_t *r = ((void **)user_data)[0];
+    uint64_t id = (uint64_t)(uintptr_t)((void **)user_data)[1];
+    kvp__free(user_data, 2 * sizeof(void *));
+    pthread_mutex_lock(&r->mu);
+    pending_t *p = do_find(r, id);
+    opctx_t *f = NULL;
+    if (p) {
+        p->send_done = 1;
+        if (status != UCS_OK)
+            do_fail_reply(p, KVP_ERR_CONN_LOST);
+        f = do_maybe_done(r, p);
+    }
+    pthread_mutex_unlock(&r->mu);
+    fire(f);
+    if (request)
+        ucp_request_free(request);
+}
+
+static void on_recv_done(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    (void)length;
+    remote_t *r = ((void **)user_data)[0];
+    uint64_t id = (uint64_t)(uintptr_t)((void **)user_data)[1];
+    kvp__free(user_data, 2 * sizeof(void *));
+    pthread_mutex_lock(&r->mu);
+    pending_t *p = do_find(r, id);
+    opctx_t *f = NULL;
+    if (p) {
+        if (status != UCS_OK)
+            p->status = KVP_ERR_CONN_LOST;
+        p->reply_done = 1;
+        f = do_maybe_done(r, p);
+    }
+    pthread_mutex_unlock(&r->mu);
+    fire(f);
+    if (request)
+        ucp_request_free(request);
+}
+
+static void **cb_arg(remote_t *r, uint64_t id)
+{
+    void **a = kvp__malloc(2 * sizeof(void *));
+    if (a) {
+        a[0] = r;
+        a[1] = (void *)(uintptr_t)id;
+    }
+    return a;
+}
+
+/* Parses the op fields of a reply into the op (mu held).  For GET, builds
+ * p->iov over the caller's buffers for the values that follow. */
+static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t data_len)
+{
+    kvp__mpr_t *b = &rep->body;
+    kvp_op_t *op = p->op;
+    uint32_t off = p->off, cnt = p->cnt;
+    if (rep->status != KVP_OK)
+        return rep->status;
+    switch (p->wop) {
+    case KVP_WOP_HELLO:
+        (void)kvp__mpr_uint(b);
+        (void)kvp__mpr_uint(b);
+        p->hello_max_value = kvp__mpr_uint(b);
+        break;
+    case KVP_WOP_STATS: {
+        uint32_t n = kvp__mpr_array(b, 64);
+        uint64_t *f = (uint64_t *)p->stats_out;
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t v = kvp__mpr_uint(b);
+            if (i < KVP_WIRE_NSTATS && f)
+                f[i] = v;
+        }
+        break;
+    }
+    case KVP_WOP_EXISTS: {
+        uint32_t len;
+        const uint8_t *bits = kvp__mpr_bytes(b, KVP_BATCH_MAX, &len);
+        if (b->err || len != cnt)
+            return KVP_ERR_PROTOCOL;
+        memcpy(op->present + off, bits, len);
+        break;
+    }
+    case KVP_WOP_PREFIX: {
+        uint64_t m = kvp__mpr_uint(b);
+        if (b->err || m > cnt)
+            return KVP_ERR_PROTOCOL;
+        *op->prefix_len = (size_t)m;
+        break;
+    }
+    case KVP_WOP_REMOVE_ALL: {
+        uint64_t m = kvp__mpr_uint(b);
+        if (op->removed)
+            *op->removed = m;
+        break;
+    }
+    case KVP_WOP_PUT:
+    case KVP_WOP_REMOVE:
+    case KVP_WOP_PIN:
+    case KVP_WOP_UNPIN:
+    case KVP_WOP_GET: {
+        uint32_t n = kvp__mpr_array(b, KVP_BATCH_MAX);
+        if (b->err || n != cnt)
+            return KVP_ERR_PROTOCOL;
+        kvp_key_result_t *results = op->results + off;
+        const kvp_sgl_t *values = op->values ? op->values + off : NULL;
+        uint64_t total = 0;
+        uint32_t nv = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (kvp__mpr_array(b, 2) != 2)
+                return KVP_ERR_PROTOCOL;
+            int64_t st = kvp__mpr_int(b);
+            uint64_t v = kvp__mpr_uint(b);
+            if (b->err || st > 0 || st < -1000)
+                return KVP_ERR_PROTOCOL;
+            results[i].status = (kvp_status_t)st;
+            if (p->wop == KVP_WOP_GET) {
+                results[i].size = v;
+                results[i].flags = 0;
+                if (st == KVP_OK) {
+                    total += v;
+                    for (uint32_t k = 0; k < values[i].iovcnt; k++)
+                        nv++;
+                }
+            } else {
+                results[i].flags = (uint32_t)v;
+                if (p->wop != KVP_WOP_PUT)
+                    results[i].size = 0;
+            }
+        }
+        if (p->wop != KVP_WOP_GET)
+            break;
+        if (total != data_len)
+            return KVP_ERR_PROTOCOL;
+        kvp__free(p->iov, p->niov * sizeof *p->iov);
+        p->iov = kvp__calloc(nv ? nv : 1, sizeof *p->iov);
+        p->niov = nv ? nv : 1;
+        if (!p->iov) {
+            p->niov = 0;
+            return KVP_ERR_NO_MEMORY;
+        }
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (results[i].status != KVP_OK)
+                continue;
+            uint64_t left = results[i].size;
+            for (uint32_t j = 0; j < values[i].iovcnt && left; j++) {
+                size_t len = values[i].iov[j].len < left ? values[i].iov[j].len : (size_t)left;
+                if (!len)
+                    continue;
+                p->iov[k].buffer = values[i].iov[j].base;
+                p->iov[k].length = len;
+                k++;
+                left -= len;
+            }
+            if (left)
+                return KVP_ERR_PROTOCOL; /* the server checked capacities; never here */
+        }
+        p->niov = k ? k : 1;
+        if (!k)
+            p->iov[0].length = 0;
+        break;
+    }
+    default:
+        return KVP_ERR_PROTOCOL;
+    }
+    return b->err ? KVP_ERR_PROTOCOL : KVP_OK;
+}
+
+static ucs_status_t on_reply(void *arg, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param)
+{
+    remote_t *r = arg;
+    kvp__wire_reply_t rep;
+    if (kvp__wire_reply_decode(header, header_length, &rep) != KVP_OK) {
+        kvp_warn("remote: undecodable reply dropped (%zu bytes)", header_length);
+        return UCS_OK;
+    }
+    pthread_mutex_lock(&r->mu);
+    pending_t *p = do_find(r, rep.req_id);
+    if (!p || p->reply_done || p->wop != rep.op) {
+        pthread_mutex_unlock(&r->mu);
+        if (rep.op == 0)
+            kvp_warn("remote: server refused a request: %s", kvp_status_str(rep.status));
+        return UCS_OK;
+    }
+    kvp_status_t st = do_parse_reply(p, &rep, length);
+    opctx_t *f = NULL;
+    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (st != KVP_OK || p->wop != KVP_WOP_GET || length == 0 || !rndv) {
+        if (st == KVP_OK && p->wop == KVP_WOP_GET && length) {
+            const char *src = data;
+            for (uint32_t i = 0; i < p->niov; i++) {
+                memcpy(p->iov[i].buffer, src, p->iov[i].length);
+                src += p->iov[i].length;
+            }
+        }
+        p->status = st;
+        p->reply_done = 1;
+        f = do_maybe_done(r, p);
+        pthread_mutex_unlock(&r->mu);
+        fire(f);
+        return UCS_OK;
+    }
+    /* Rendezvous: let UCX move the values straight into the caller's buffers. */
+    uint64_t id = p->req_id;
+    ucp_dt_iov_t *iov = p->iov;
+    uint32_t niov = p->niov;
+    pthread_mutex_unlock(&r->mu);
+    void **a = cb_arg(r, id);
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.recv_am = on_recv_done,
+        .user_data = a,
+    };
+    void *buf = iov;
+    size_t count = niov;
+    if (niov == 1) {
+        prm.datatype = ucp_dt_make_contig(1);
+        buf = iov[0].buffer;
+        count = iov[0].length;
+    } else {
+        prm.datatype = ucp_dt_make_iov();
+    }
+    ucs_status_ptr_t sp = a ? ucp_am_recv_data_nbx(r->worker, data, buf, count, &prm)
+                            : UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp))
+        on_recv_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, count, a ? a : cb_arg(r, id));
+    return UCS_OK;
+}
+
+/* Marks the connection broken (mu held); the progress thread closes it. */
+static void do_disconnect(remote_t *r, const char *why)
+{
+    if (!r->connected)
+        return;
+    kvp_warn("remote: connection to %s:%u lost (%s)", r->host, r->port, why);
+    r->connected = 0;
+    r->dead_ep = r->ep;
+    r->dead_fd = r->tcp_fd;
+    r->ep = NULL;
+    r->tcp_fd = -1;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    remote_t *r = arg;
+    pthread_mutex_lock(&r->mu);
+    if (ep == r->ep)
+        do_disconnect(r, ucs_status_string(status));
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- connection teardown and deadlines (progress thread) ---- */
+
+static void close_ep(remote_t *r, ucp_ep_h ep)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
+    if (sp && !UCS_PTR_IS_ERR(sp)) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+            ucp_worker_progress(r->worker);
+        ucp_request_free(sp);
+    }
+}
+
+/* Fails every request of generation `gen` whose reply has not come (the
+ * forced close has completed their sends). */
+static void fail_generation(remote_t *r, int gen)
+{
+    opctx_t *done[64];
+    int again = 1;
+    while (again) {
+        int nd = 0;
+        again = 0;
+        pthread_mutex_lock(&r->mu);
+        for (int b = 0; b < NBUCKETS && !again; b++) {
+            for (pending_t *p = r->bucket[b], *next; p; p = next) {
+                next = p->next;
+                if (p->gen != gen || p->finished)
+                    continue;
+                do_fail_reply(p, KVP_ERR_CONN_LOST);
+                p->send_done = 1;
+                opctx_t *f = do_maybe_done(r, p);
+                if (f) {
+                    done[nd++] = f;
+                    if (nd == 64) {
+                        again = 1;
+                        break;
+                    }
+                }
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+        for (int i = 0; i < nd; i++)
+            fire(done[i]);
+    }
+}
+
+static void check_deadlines(remote_t *r)
+{
+    uint64_t now = kvp__now_ns();
+    pthread_mutex_lock(&r->mu);
+    int expired = 0;
+    for (int b = 0; b < NBUCKETS; b++)
+        for (pending_t *p = r->bucket[b]; p; p = p->next)
+            if (!p->finished && !p->reply_done && p->deadline_ns && now > p->deadline_ns) {
+                p->timed_out = 1;
+                expired = 1;
+            }
+    if (expired)
+        do_disconnect(r, "a request timed out; resetting the connection");
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void *progress_main(void *arg)
+{
+    remote_t *r = arg;
+    uint64_t last_check = 0, spin_until = 0;
+    for (;;) {
+        int did = 0;
+        while (ucp_worker_progress(r->worker))
+            did = 1;
+        uint64_t now = kvp__now_ns();
+        pthread_mutex_lock(&r->mu);
+        ucp_ep_h dead = r->dead_ep;
+        int dead_fd = r->dead_fd;
+        int gen = r->gen;
+        int stop = r->stop && r->npending == 0 && !dead;
+        int had_dead = dead || dead_fd >= 0;
+        if (had_dead) {
+            r->dead_ep = NULL;
+            r->dead_fd = -1;
+            r->gen++;
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (had_dead) {
+            if (dead_fd >= 0) {
+                epoll_ctl(r->epfd, EPOLL_CTL_DEL, dead_fd, NULL);
+                close(dead_fd);
+            }
+            if (dead)
+                close_ep(r, dead);
+            fail_generation(r, gen);
+            continue;
+        }
+        if (stop)
+            break;
+        if (now - last_check > 10000000ull) {
+            check_deadlines(r);
+            last_check = now;
+        }
+        if (did)
+            spin_until = now + 30000;
+        int timeout = now < spin_until ? 0 : 10;
+        if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY)
+            continue;
+        struct epoll_event evs[4];
+        int n = epoll_wait(r->epfd, evs, 4, timeout);
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+            if (fd == r->wake_fd) {
+                uint64_t x;
+                (void)!read(r->wake_fd, &x, sizeof x);
+                continue;
+            }
+            pthread_mutex_lock(&r->mu);
+            if (fd == r->tcp_fd && r->connected) {
+                char junk[64];
+                ssize_t k = recv(fd, junk, sizeof junk, MSG_DONTWAIT);
+                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR) ||
+                    (evs[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)))
+                    do_disconnect(r, "the server closed the control connection");
+            }
+            pthread_mutex_unlock(&r->mu);
+        }
+    }
+    return NULL;
+}
+
+static void wake(remote_t *r)
+{
+    uint64_t one = 1;
+    (void)!write(r->wake_fd, &one, sizeof one);
+}
+
+/* ---- posting requests (caller threads) ---- */
+
+static uint64_t new_id(remote_t *r) { return atomic_fetch_add(&r->next_id, 1) + 1; }
+
+static pending_t *pending_new(uint32_t wop, opctx_t *parent)
+{
+    pending_t *p = kvp__calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->wop = wop;
+    p->parent = parent;
+    p->op = parent ? parent->op : NULL;
+    kvp__mpw_init(&p->w, p->wbuf, sizeof p->wbuf);
+    kvp__mpw_init(&p->w2, p->w2buf, sizeof p->w2buf);
+    return p;
+}
+
+/* Registers p (header already encoded in p->w with p->req_id) and posts it.
+ * Returns KVP_INPROGRESS (p now belongs to the table), or an error if
+ * nothing was sent (p not registered; the caller still owns it). */
+static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t count, int iov)
+{
+    void **a = cb_arg(r, p->req_id);
+    if (!a)
+        return KVP_ERR_NO_MEMORY;
+    pthread_mutex_lock(&r->mu);
+    if (!r->connected) {
+        pthread_mutex_unlock(&r->mu);
+        kvp__free(a, 2 * sizeof(void *));
+        return KVP_ERR_CONN_LOST;
+    }
+    ucp_ep_h ep = r->ep;
+    p->gen = r->gen;
+    uint32_t to = p->op && p->op->timeout_ms ? p->op->timeout_ms : r->timeout_ms;
+    p->deadline_ns = kvp__now_ns() + (uint64_t)to * 1000000ull;
+    do_add(r, p);
+    pthread_mutex_unlock(&r->mu);
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = on_send_done,
+        .user_data = a,
+    };
+    const void *hdr = p->w.buf;
+    size_t hlen = p->w.len;
+    if (hlen > KVP_AM_HDR_MAX) {
+        /* Too long for an AM header: send it as the data (never a put). */
+        kvp__wire_req_encode(&p->w2, KVP_WOP_IN_DATA, p->req_id, 0, r->conn_key, NULL, 0, NULL);
+        hdr = p->w2.buf;
+        hlen = p->w2.len;
+        data = p->w.buf;
+        count = p->w.len;
+        iov = 0;
+    }
+    if (iov) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype = ucp_dt_make_iov();
+    }
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, hdr, hlen, data, count, &prm);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp))
+        on_send_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, a);
+    wake(r);
+    return KVP_INPROGRESS;
+}
+
+/* Runs an internal op (hello, stats) to completion on the caller's thread;
+ * frees p. */
+static kvp_status_t run_internal(remote_t *r, pending_t *p)
+{
+    kvp_status_t st = post(r, p, NULL, 0, 0);
+    if (st != KVP_INPROGRESS) {
+        pending_free(p);
+        return st;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (!p->finished)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    st = p->status;
+    pending_free(p);
+    return st;
+}
+
+static kvp_status_t connect_locked(remote_t *r)
+{
+    ucp_address_t *my;
+    size_t my_len;
+    if (ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)
+        return KVP_ERR_IO;
+    int fd = -1;
+    uint64_t key = 0;
+    void *srv = NULL;
+    uint32_t srv_len = 0;
+    kvp_status_t st = kvp__hs_client(r->host, r->port, r->token, my, (uint32_t)my_len, r->timeout_ms,
+                                     &fd, &key, &srv, &srv_len);
+    ucp_worker_release_address(r->worker, my);
+    if (st != KVP_OK)
+        return st;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = srv,
+        .err_mode = UCP_ERR_HANDLING_MODE_NONE,
+        .err_handler = {.cb = on_ep_error, .arg = r},
+    };
+    ucp_ep_h h;
+    ucs_status_t us = ucp_ep_create(r->worker, &ep, &h);
+    kvp__free(srv, srv_len);
+    if (us != UCS_OK) {
+        kvp_error("remote: UCX endpoint to %s:%u: %s", r->host, r->port, ucs_status_string(us));
+        close(fd);
+        return KVP_ERR_CONN_REFUSED;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->ep = h;
+    r->tcp_fd = fd;
+    r->conn_key = key;
+    r->connected = 1;
+    pthread_mutex_unlock(&r->mu);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
+    epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev);
+    wake(r);
+    /* A ping over UCX: proves the data path works and learns the limits. */
+    pending_t *p = pending_new(KVP_WOP_HELLO, NULL);
+    if (!p)
+        return KVP_ERR_NO_MEMORY;
+    p->req_id = new_id(r);
+    kvp__wire_req_encode(&p->w, KVP_WOP_HELLO, p->req_id, r->timeout_ms, key, NULL, 0, NULL);
+    kvp_status_t s = post(r, p, NULL, 0, 0);
+    if (s == KVP_INPROGRESS) {
+        pthread_mutex_lock(&r->mu);
+        while (!p->finished)
+            pthread_cond_wait(&r->cv, &r->mu);
+        pthread_mutex_unlock(&r->mu);
+        s = p->status;
+        if (s == KVP_OK)
+            r->max_value = p->hello_max_value;
+    }
+    pending_free(p);
+    if (s != KVP_OK) {
+        kvp_error("remote: %s:%u does not answer over UCX: %s", r->host, r->port, kvp_status_str(s));
+        pthread_mutex_lock(&r->mu);
+        if (r->ep == h)
+            do_disconnect(r, "ping failed");
+        pthread_mutex_unlock(&r->mu);
+        wake(r);
+        return s == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONN_REFUSED;
+    }
+    kvp_info("remote: connected to %s:%u", r->host, r->port);
+    if (kvp__log_enabled(KVP_LOG_INFO)) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (f) {
+            ucp_ep_print_info(h, f);
+            fclose(f);
+            for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+                if (strstr(line, "lane["))
+                    kvp_info("remote: %s", line);
+            free(text);
+        }
+    }
+    return KVP_OK;
+}
+
+/* Makes sure a connection is up: reconnects after the backoff. */
+static kvp_status_t ensure_connected(remote_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int ok = r->connected;
+    pthread_mutex_unlock(&r->mu);
+    if (ok)
+        return KVP_OK;
+    pthread_mutex_lock(&r->conn_mu);
+    pthread_mutex_lock(&r->mu);
+    ok = r->connected;
+    uint64_t retry = r->next_retry_ns;
+    pthread_mutex_unlock(&r->mu);
+    kvp_status_t st = KVP_OK;
+    if (!ok) {
+        if (kvp__now_ns() < retry) {
+            st = KVP_ERR_CONN_LOST;
+        } else {
+            st = connect_locked(r);
+            pthread_mutex_lock(&r->mu);
+            if (st == KVP_OK) {
+                r->backoff_ms = 0;
+            } else {
+                r->backoff_ms = r->backoff_ms ? (r->backoff_ms * 2 > 5000 ? 5000 : r->backoff_ms * 2) : 100;
+                r->next_retry_ns = kvp__now_ns() + (uint64_t)r->backoff_ms * 1000000ull;
+            }
+            pthread_mutex_unlock(&r->mu);
+        }
+    }
+    pthread_mutex_unlock(&r->conn_mu);
+    return st;
+}
+
+/* ---- the backend ---- */
+
+static uint32_t wire_op(kvp_op_type_t t)
+{
+    switch (t) {
+    case KVP_OP_EXISTS: return KVP_WOP_EXISTS;
+    case KVP_OP_PREFIX: return KVP_WOP_PREFIX;
+    case KVP_OP_PUT: return KVP_WOP_PUT;
+    case KVP_OP_GET: return KVP_WOP_GET;
+    case KVP_OP_REMOVE: return KVP_WOP_REMOVE;
+    case KVP_OP_PIN: return KVP_WOP_PIN;
+    case KVP_OP_UNPIN: return KVP_WOP_UNPIN;
+    case KVP_OP_REMOVE_ALL: return KVP_WOP_REMOVE_ALL;
+    }
+    return 0;
+}
+
+static uint64_t sgl_len(const kvp_sgl_t *v)
+{
+    uint64_t t = 0;
+    for (uint32_t j = 0; j < v->iovcnt; j++)
+        t += v->iov[j].len;
+    return t;
+}
+
+/* Builds and posts the request for keys [off, off+cnt) of the op. */
+static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t off, uint32_t cnt)
+{
+    kvp_op_t *op = oc->op;
+    pending_t *p = pending_new(wop, oc);
+    uint64_t *sizes = NULL;
+    if (!p)
+        return KVP_ERR_NO_MEMORY;
+    p->off = off;
+    p->cnt = cnt;
+    p->req_id = new_id(r);
+    const void *data = NULL;
+    size_t count = 0;
+    int iov = 0;
+    if (wop == KVP_WOP_PUT || wop == KVP_WOP_GET) {
+        sizes = kvp__malloc((cnt ? cnt : 1) * sizeof *sizes);
+        if (!sizes)
+            goto nomem;
+        uint32_t nv = 0;
+        for (uint32_t i = 0; i < cnt; i++) {
+            const kvp_sgl_t *v = &op->values[off + i];
+            sizes[i] = sgl_len(v);
+            for (uint32_t j = 0; j < v->iovcnt; j++)
+                nv += v->iov[j].len != 0;
+        }
+        if (wop == KVP_WOP_PUT) {
+            p->iov = kvp__calloc(nv ? nv : 1, sizeof *p->iov);
+            if (!p->iov)
+                goto nomem;
+            p->niov = nv ? nv : 1;
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < cnt; i++) {
+                const kvp_sgl_t *v = &op->values[off + i];
+                op->results[off + i].size = sizes[i];
+                for (uint32_t j = 0; j < v->iovcnt; j++)
+                    if (v->iov[j].len) {
+                        p->iov[k].buffer = v->iov[j].base;
+                        p->iov[k].length = v->iov[j].len;
+                        k++;
+                    }
+            }
+            if (k == 1) {
+                data = p->iov[0].buffer;
+                count = p->iov[0].length;
+            } else {
+                data = p->iov;
+                count = k;
+                iov = 1;
+            }
+        }
+    }
+    kvp__wire_req_encode(&p->w, wop, p->req_id, op->timeout_ms ? op->timeout_ms : r->timeout_ms,
+                         r->conn_key, op->keys ? op->keys + off : NULL, cnt, sizes);
+    kvp__free(sizes, (cnt ? cnt : 1) * sizeof *sizes);
+    sizes = NULL;
+    if (p->w.err)
+        goto nomem;
+    kvp_status_t st = post(r, p, data, count, iov);
+    if (st != KVP_INPROGRESS)
+        pending_free(p);
+    return st;
+nomem:
+    kvp__free(sizes, (cnt ? cnt : 1) * sizeof *sizes);
+    pending_free(p);
+    return KVP_ERR_NO_MEMORY;
+}
+
+/* Puts are cut into slices whose header fits an AM header. */
+static uint32_t put_slice_len(const kvp_op_t *op, uint32_t off)
+{
+    size_t bytes = 64;
+    uint32_t n = 0;
+    while (off + n < op->n) {
+        size_t k = op->keys[off + n].len + 16u;
+        if (n && bytes + k > KVP_AM_HDR_MAX)
+            break;
+        bytes += k;
+        n++;
+    }
+    return n;
+}
+
+static kvp_status_t remote_submit(void *impl, kvp_op_t *op)
+{
+    remote_t *r = impl;
+    kvp_status_t st = ensure_connected(r);
+    if (st != KVP_OK)
+        return st;
+    uint32_t wop = wire_op(op->type);
+    uint32_t n = (uint32_t)op->n;
+    if (op->type == KVP_OP_PREFIX && n == 0) {
+        *op->prefix_len = 0;
+        return KVP_OK;
+    }
+    if (n == 0 && op->type != KVP_OP_REMOVE_ALL)
+        return KVP_OK;
+    opctx_t *oc = kvp__calloc(1, sizeof *oc);
+    if (!oc)
+        return KVP_ERR_NO_MEMORY;
+    oc->op = op;
+    uint32_t nslices = 1;
+    if (wop == KVP_WOP_PUT) {
+        nslices = 0;
+        for (uint32_t off = 0; off < n; off += put_slice_len(op, off))
+            nslices++;
+    }
+    oc->left = nslices;
+    uint32_t off = 0, posted = 0;
+    for (uint32_t i = 0; i < nslices; i++) {
+        uint32_t cnt = wop == KVP_WOP_PUT ? put_slice_len(op, off) : n;
+        st = post_slice(r, oc, wop, off, cnt);
+        if (st != KVP_INPROGRESS)
+            break;
+        posted++;
+        off += cnt;
+    }
+    if (posted == nslices)
+        return KVP_INPROGRESS;
+    /* Some slices were not sent: they count as finished with this error. */
+    pthread_mutex_lock(&r->mu);
+    if (oc->status == KVP_OK)
+        oc->status = st;
+    for (uint32_t k = off; k < n && wop == KVP_WOP_PUT; k++)
+        op->results[k].status = st;
+    oc->left -= nslices - posted;
+    int last = oc->left == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (posted == 0) {
+        kvp__free(oc, sizeof *oc);
+        return st; /* nothing in flight: fail now, no callback */
+    }
+    if (last)
+        fire(oc);
+    return KVP_INPROGRESS;
+}
+
+static kvp_status_t remote_stats(void *impl, kvp_pool_stats_t *stp)
+{
+    remote_t *r = impl;
+    kvp_status_t st = ensure_connected(r);
+    if (st != KVP_OK)
+        return st;
+    pending_t *p = pending_new(KVP_WOP_STATS, NULL);
+    if (!p)
+        return KVP_ERR_NO_MEMORY;
+    memset(stp, 0, sizeof *stp);
+    p->stats_out = stp;
+    p->req_id = new_id(r);
+    kvp__wire_req_encode(&p->w, KVP_WOP_STATS, p->req_id, r->timeout_ms, r->conn_key, NULL, 0, NULL);
+    return run_internal(r, p); /* fills *stp from the reply */
+}
+
+static uint64_t remote_max_value(void *impl)
+{
+    remote_t *r = impl;
+    return r->max_value ? r->max_value : KVP_VALUE_MAX;
+}
+
+static void remote_close(void *impl)
+{
+    remote_t *r = impl;
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    r->connected = 1; /* let do_disconnect hand the ep and socket over */
+    if (r->ep || r->tcp_fd >= 0) {
+        r->dead_ep = r->ep;
+        r->dead_fd = r->tcp_fd;
+        r->ep = NULL;
+        r->tcp_fd = -1;
+    }
+    r->connected = 0;
+    pthread_mutex_unlock(&r->mu);
+    wake(r);
+    pthread_join(r->thr, NULL);
+    kvp__ucx_close(r->ctx, r->worker);
+    close(r->wake_fd);
+    close(r->epfd);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->conn_mu);
+    pthread_cond_destroy(&r->cv);
+    if (r->token)
+        kvp__free(r->token, strlen(r->token) + 1);
+    kvp__free(r, sizeof *r);
+}
+
+static char *read_token_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char buf[300];
+    if (!f || !fgets(buf, sizeof buf, f)) {
+        if (f)
+            fclose(f);
+        kvp_error("remote: cannot read token file %s", path);
+        return NULL;
+    }
+    fclose(f);
+    buf[strcspn(buf, "\r\n")] = 0;
+    return kvp__strdup(buf);
+}
+
+static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
+{
+    const char *auth = u->authority;
+    const char *colon = strrchr(auth, ':');
+    char *end;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == auth || (size_t)(colon - auth) >= 256 || *end || port < 1 || port > 65535 || u->path[0]) {
+        kvp_error("remote: URI must be kvpool://HOST:PORT (got authority '%s')", auth);
+        return KVP_ERR_BAD_URI;
+    }
+    uint64_t timeout_ns = 5ull * 1000000000ull;
+    const char *v = kvp__uri_opt(u, "timeout");
+    if (v && (kvp__parse_duration_ns(v, &timeout_ns) != KVP_OK || timeout_ns < 1000000ull)) {
+        kvp_error("remote: timeout=%s is not a duration of at least 1ms", v);
+        return KVP_ERR_BAD_OPTION;
+    }
+    char *token = NULL;
+    if ((v = kvp__uri_opt(u, "token_file"))) {
+        if (!(token = read_token_file(v)))
+            return KVP_ERR_BAD_OPTION;
+    } else if (getenv("KVPOOL_TOKEN")) {
+        token = kvp__strdup(getenv("KVPOOL_TOKEN"));
+    }
+    kvp_status_t st = kvp__uri_check_unused(u);
+    remote_t *r = st == KVP_OK ? kvp__calloc(1, sizeof *r) : NULL;
+    if (!r) {
+        if (token)
+            kvp__free(token, strlen(token) + 1);
+        return st == KVP_OK ? KVP_ERR_NO_MEMORY : st;
+    }
+    memcpy(r->host, auth, (size_t)(colon - auth));
+    r->port = (uint16_t)port;
+    r->token = token;
+    r->timeout_ms = (uint32_t)(timeout_ns / 1000000ull);
+    r->tcp_fd = r->dead_fd = -1;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->conn_mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    r->epfd = epoll_create1(EPOLL_CLOEXEC);
+    st = kvp__ucx_open("client", 1, &r->ctx, &r->worker);
+    if (st != KVP_OK)
+        goto err;
+    int wfd = -1;
+    ucp_worker_get_efd(r->worker, &wfd);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = wfd};
+    epoll_ctl(r->epfd, EPOLL_CTL_ADD, wfd, &ev);
+    ev.data.fd = r->wake_fd;
+    epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->wake_fd, &ev);
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = KVP_AM_REPLY,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_reply,
+        .arg = r,
+    };
+    if (ucp_worker_set_am_recv_handler(r->worker, &hp) != UCS_OK) {
+        st = KVP_ERR_IO;
+        kvp__ucx_close(r->ctx, r->worker);
+        goto err;
+    }
+    if (pthread_create(&r->thr, NULL, progress_main, r) != 0) {
+        st = KVP_ERR_NO_MEMORY;
+        kvp__ucx_close(r->ctx, r->worker);
+        goto err;
+    }
+    /* Connect now so a bad address or token fails open, not the first op. */
+    st = ensure_connected(r);
+    if (st != KVP_OK) {
+        remote_close(r);
+        return st;
+    }
+    *impl_p = r;
+    return KVP_OK;
+err:
+    close(r->wake_fd);
+    close(r->epfd);
+    if (r->token)
+        kvp__free(r->token, strlen(r->token) + 1);
+    kvp__free(r, sizeof *r);
+    return st;
+}
+
+const kvp__backend_ops_t kvp__remote_backend = {
+    .scheme = "kvpool",
+    .open = remote_open,
+    .close = remote_close,
+    .submit = remote_submit,
+    .stats = remote_stats,
+    .max_value = remote_max_value,
+};

@@ -1,0 +1,100 @@
+#include "net/ucx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+kvp_status_t kvp__ucx_status(ucs_status_t st)
+{
+    switch (st) {
+    case UCS_OK: return KVP_OK;
+    case UCS_INPROGRESS: return KVP_INPROGRESS;
+    case UCS_ERR_NO_MEMORY: return KVP_ERR_NO_MEMORY;
+    case UCS_ERR_TIMED_OUT: return KVP_ERR_TIMEOUT;
+    case UCS_ERR_CANCELED: return KVP_ERR_CANCELLED;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED: return KVP_ERR_CONN_REFUSED;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT: return KVP_ERR_CONN_LOST;
+    default: return KVP_ERR_IO;
+    }
+}
+
+const char *kvp__ucx_transports(ucp_context_h ctx)
+{
+    static __thread char out[512];
+    char *text = NULL;
+    size_t len = 0;
+    out[0] = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return out;
+    ucp_context_print_info(ctx, f);
+    fclose(f);
+    /* Lines look like "#      resource 4  :  md 3  dev 3  flags -- posix/memory". */
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *dash = strstr(line, "-- ");
+        if (!strstr(line, "resource") || !dash)
+            continue;
+        char tl[64];
+        if (sscanf(dash + 3, "%63[^/]", tl) != 1)
+            continue;
+        char probe[70];
+        snprintf(probe, sizeof probe, " %s ", tl);
+        char padded[520];
+        snprintf(padded, sizeof padded, " %s ", out);
+        if (strstr(padded, probe))
+            continue;
+        size_t n = strlen(out);
+        snprintf(out + n, sizeof out - n, "%s%s", n ? " " : "", tl);
+    }
+    free(text);
+    return out;
+}
+
+kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx_p,
+                           ucp_worker_h *worker_p)
+{
+    ucp_config_t *cfg;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK) {
+        kvp_error("%s: UCX configuration: %s", who, ucs_status_string(st));
+        return KVP_ERR_IO;
+    }
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = multi_thread,
+    };
+    st = ucp_init(&params, cfg, ctx_p);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        kvp_error("%s: UCX init failed: %s (check UCX_TLS)", who, ucs_status_string(st));
+        return KVP_ERR_IO;
+    }
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = multi_thread ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SINGLE,
+    };
+    st = ucp_worker_create(*ctx_p, &wp, worker_p);
+    if (st != UCS_OK) {
+        kvp_error("%s: UCX worker: %s", who, ucs_status_string(st));
+        ucp_cleanup(*ctx_p);
+        return KVP_ERR_IO;
+    }
+    const char *tls = getenv("UCX_TLS");
+    kvp_info("%s: UCX transports available: %s (UCX_TLS=%s)", who, kvp__ucx_transports(*ctx_p),
+             tls ? tls : "default");
+    return KVP_OK;
+}
+
+void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker)
+{
+    if (worker)
+        ucp_worker_destroy(worker);
+    if (ctx)
+        ucp_cleanup(ctx);
+}

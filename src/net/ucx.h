@@ -1,0 +1,24 @@
+/*
+ * UCX set-up shared by the server and the remote client: one context with
+ * active messages, one worker, and a readable list of the transports UCX
+ * found (logged at start so operators see shm vs tcp vs rdma).
+ */
+#ifndef KVP_NET_UCX_H
+#define KVP_NET_UCX_H
+
+#include <ucp/api/ucp.h>
+
+#include "kvpool/status.h"
+
+/* Creates a context (AM feature) and a worker.  multi_thread: the worker may
+ * be used from several threads (client).  Logs the transports at info level,
+ * prefixed with `who`.  KVP_OK or KVP_ERR_IO (logged). */
+kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx_p,
+                           ucp_worker_h *worker_p);
+void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker);
+/* "posix sysv cma tcp ..." — the transports UCX may use (static buffer). */
+const char *kvp__ucx_transports(ucp_context_h ctx);
+/* Maps a UCX status to kvpool's. */
+kvp_status_t kvp__ucx_status(ucs_status_t st);
+
+#endif

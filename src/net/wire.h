@@ -1,0 +1,104 @@
+/*
+ * The kvpool wire protocol (docs/protocol.md): one UCX active message per
+ * request and one per reply.  The AM header is MessagePack; bulk bytes (put
+ * values, get values) travel as the AM's data, never inside the header.
+ *
+ * Connections start with a handshake over plain TCP on the server's port
+ * (net/handshake.h): token check, UCX worker addresses exchanged, and a
+ * random 64-bit connection key issued; the TCP socket then stays open as the
+ * liveness channel (it closes when either process dies).
+ *
+ * Request header:  [version, op, req_id, timeout_ms, conn_key, <op fields>]
+ * Reply header:    [version, op, req_id, status, <op fields>]
+ *
+ * A request header longer than KVP_AM_HDR_MAX travels as the AM's data
+ * instead, behind a short header [version, KVP_WOP_IN_DATA, req_id, timeout,
+ * conn_key] (not for PUT, whose data are the values: clients split such a
+ * put into several requests).
+ *
+ * The decoders here are the only code that reads bytes from the network; each
+ * bounds every count and length before use and returns KVP_ERR_VERSION or
+ * KVP_ERR_PROTOCOL for anything else (fuzzed by tests/fuzz/fuzz_wire.c).
+ */
+#ifndef KVP_NET_WIRE_H
+#define KVP_NET_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/mp.h"
+#include "kvpool/pool.h"
+#include "kvpool/status.h"
+
+#define KVP_WIRE_VERSION 1u
+#define KVP_AM_REQUEST 11u
+#define KVP_AM_REPLY 12u
+#define KVP_WIRE_HEADER_MAX (KVP_BATCH_MAX * (KVP_KEY_MAX + 16u) + 256u)
+#define KVP_WIRE_TOKEN_MAX 256u
+#define KVP_AM_HDR_MAX 4096u /* UCX carries AM headers in one segment */
+#define KVP_WIRE_PAYLOAD_MAX (16ull << 30) /* one batch's value bytes */
+
+typedef enum kvp_wire_op {
+    KVP_WOP_IN_DATA = 0, /* the request header is the AM's data */
+    KVP_WOP_HELLO = 1,   /* ping: answers the server's limits */
+    KVP_WOP_EXISTS = 2,
+    KVP_WOP_PREFIX = 3,
+    KVP_WOP_PUT = 4,
+    KVP_WOP_GET = 5,
+    KVP_WOP_REMOVE = 6,
+    KVP_WOP_PIN = 7,
+    KVP_WOP_UNPIN = 8,
+    KVP_WOP_REMOVE_ALL = 9,
+    KVP_WOP_STATS = 10,
+    KVP_WOP_MAX = 10
+} kvp_wire_op_t;
+
+/* A decoded request.  keys[] and sizes[] point into caller arrays; key bytes
+ * and the token point into the message (valid while it is). */
+typedef struct kvp__wire_req {
+    uint32_t op;
+    uint64_t req_id;
+    uint32_t timeout_ms;
+    uint32_t nkeys;
+    kvp_key_t *keys;
+    uint64_t *sizes;        /* PUT: value sizes; GET: destination capacities */
+    uint64_t payload;       /* PUT: sum of sizes */
+    uint64_t conn_key;
+} kvp__wire_req_t;
+
+/* Encodes a request header.  sizes: PUT/GET only (else NULL). */
+void kvp__wire_req_encode(kvp__mpw_t *w, uint32_t op, uint64_t req_id, uint32_t timeout_ms,
+                          uint64_t conn_key, const kvp_key_t *keys, uint32_t nkeys,
+                          const uint64_t *sizes);
+/* Decodes a request header into *req using keys_buf/sizes_buf (max_keys
+ * entries each).  An IN_DATA header decodes with op KVP_WOP_IN_DATA and no
+ * keys.  KVP_OK, KVP_ERR_VERSION, KVP_ERR_PROTOCOL. */
+kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *req,
+                                  kvp_key_t *keys_buf, uint64_t *sizes_buf, uint32_t max_keys);
+
+/* Reply header, first part: [version, op, req_id, status, ...]; the caller
+ * appends the op's fields:
+ *   HELLO:      [protocol, max_batch, max_value]
+ *   (a request that could not be decoded is answered with op 0, req_id 0)
+ *   EXISTS:     bin of n bytes (0/1)
+ *   PREFIX:     uint m
+ *   PUT/REMOVE/PIN/UNPIN, GET: array of n [status(int), flags_or_size(uint)]
+ *   REMOVE_ALL: uint removed
+ *   STATS:      array of KVP_WIRE_NSTATS uints (kvp_pool_stats_t field order)
+ * An error status carries no op fields. */
+void kvp__wire_reply_begin(kvp__mpw_t *w, uint32_t op, uint64_t req_id, kvp_status_t status,
+                           uint32_t nfields);
+
+#define KVP_WIRE_NSTATS (sizeof(kvp_pool_stats_t) / sizeof(uint64_t))
+
+typedef struct kvp__wire_reply {
+    uint32_t op;
+    uint64_t req_id;
+    kvp_status_t status;
+    kvp__mpr_t body;        /* positioned at the op fields */
+} kvp__wire_reply_t;
+
+/* Decodes the common part of a reply.  KVP_OK, KVP_ERR_VERSION, KVP_ERR_PROTOCOL. */
+kvp_status_t kvp__wire_reply_decode(const void *hdr, size_t len, kvp__wire_reply_t *rep);
+
+#endif

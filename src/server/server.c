@@ -1,0 +1,1006 @@
+/*
+ * The server's event loop and request handlers.
+ *
+ * Everything runs on one thread: the UCX worker's callbacks (connection
+ * requests, request AMs, receive and send completions) and the loop that
+ * sleeps on the worker's event fd, a signalfd and a 1 s reap timer.
+ *
+ * Put: the request header names the keys and sizes; space for every value is
+ * reserved in the arena (invisible to readers) and the AM's data is received
+ * straight into those slots (rendezvous: UCX reads the client's buffer into
+ * the arena; eager: one copy out of UCX's buffer).  The reservations are
+ * committed only when the whole payload has arrived; if the client goes away
+ * first, the receive fails and every reservation is aborted, so no partial
+ * object ever becomes visible.
+ * Get: each found value is leased and the reply is sent straight from the
+ * arena (an iov of leased slices); the leases end when the send completes.
+ */
+#include "server/server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "net/handshake.h"
+#include "net/ucx.h"
+#include "net/wire.h"
+#include "server/metrics.h"
+#include "store/store.h"
+
+/* What an epoll event points at. */
+typedef enum { SRC_LISTEN, SRC_CONN, SRC_SIGNAL, SRC_TIMER, SRC_WORKER } src_kind_t;
+typedef struct evsrc {
+    src_kind_t kind;
+    int fd;
+} evsrc_t;
+
+/* A client connection: TCP handshake, then UCX traffic; the TCP socket stays
+ * open as the liveness channel. */
+typedef enum {
+    CONN_HANDSHAKE, /* reading the client's hello on the TCP socket */
+    CONN_READY,     /* UCX endpoint up, requests served */
+    CONN_DEAD,      /* peer gone or misbehaved: closed once its requests finish */
+} conn_state_t;
+
+typedef struct conn {
+    evsrc_t src;            /* first: epoll data points here */
+    struct conn *next;      /* all connections */
+    struct conn *hnext;     /* key hash chain */
+    conn_state_t state;
+    ucp_ep_h ep;
+    uint64_t id;
+    uint64_t key;           /* random; every request names it */
+    uint64_t hs_deadline_ns;
+    uint8_t *hs_buf;
+    size_t hs_len;
+    uint64_t inflight;
+} conn_t;
+
+#define KEY_BUCKETS 1024
+#define HS_BUF_MAX (KVP_HS_HELLO_FIXED + KVP_HS_TOKEN_MAX + KVP_HS_ADDR_MAX)
+#define HS_TIMEOUT_NS (5ull * 1000000000ull)
+
+typedef struct server {
+    kvp__server_params_t p;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+    int epfd;
+    evsrc_t listen_src, signal_src, timer_src, worker_src;
+    kvp__store_t *store;
+    conn_t *conns;
+    conn_t *by_key[KEY_BUCKETS];
+    uint64_t nconns, next_conn_id;
+    int draining, stop;
+    uint64_t inflight;          /* requests not yet answered */
+    kvp_key_t *keys_buf;
+    uint64_t *sizes_buf;
+    char *discard;              /* sink for put bytes of keys not stored */
+    uint64_t discard_cap;
+    kvp__metrics_t *metrics;
+    kvp__server_counters_t ctr;
+} server_t;
+
+/* A reply being sent: its header and the leases it reads from. */
+typedef struct reply {
+    server_t *s;
+    conn_t *c;
+    kvp__mpw_t w;
+    uint8_t wbuf[256];
+    uint32_t nleases;       /* leases taken (iov entries used) */
+    uint32_t cap;           /* entries allocated in leases[] and iov[] */
+    kvp__lease_t **leases;
+    ucp_dt_iov_t *iov;
+    uint64_t t0;
+    uint32_t op;
+} reply_t;
+
+/* A put whose payload is still arriving. */
+typedef struct put_ctx {
+    server_t *s;
+    conn_t *c;
+    uint64_t req_id;
+    uint32_t n;
+    uint64_t t0;
+    kvp__resv_t **resv;     /* NULL entry: key not being stored */
+    kvp_key_result_t *res;
+    ucp_dt_iov_t *iov;
+} put_ctx_t;
+
+static conn_t *conn_by_key(server_t *s, uint64_t key)
+{
+    for (conn_t *c = s->by_key[key % KEY_BUCKETS]; c; c = c->hnext)
+        if (c->key == key)
+            return c;
+    return NULL;
+}
+
+static int conn_live(const conn_t *c) { return c->state == CONN_READY; }
+
+/* ---- replies ---- */
+
+static void reply_free(reply_t *r)
+{
+    for (uint32_t i = 0; i < r->nleases; i++)
+        kvp__store_release(r->s->store, r->leases[i]);
+    kvp__free(r->leases, r->cap * sizeof *r->leases);
+    kvp__free(r->iov, r->cap * sizeof *r->iov);
+    kvp__mpw_free(&r->w);
+    r->c->inflight--;
+    r->s->inflight--;
+    kvp__free(r, sizeof *r);
+}
+
+static void reply_sent(void *request, ucs_status_t status, void *user_data)
+{
+    reply_t *r = user_data;
+    if (status != UCS_OK)
+        kvp_debug("server: reply to conn %llu not delivered: %s", (unsigned long long)r->c->id,
+                  ucs_status_string(status));
+    kvp__metrics_observe(&r->s->ctr, r->op, kvp__now_ns() - r->t0);
+    reply_free(r);
+    ucp_request_free(request);
+}
+
+static reply_t *reply_new(server_t *s, conn_t *c, uint32_t op)
+{
+    reply_t *r = kvp__calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->s = s;
+    r->c = c;
+    r->op = op;
+    r->t0 = kvp__now_ns();
+    kvp__mpw_init(&r->w, r->wbuf, sizeof r->wbuf);
+    c->inflight++;
+    s->inflight++;
+    return r;
+}
+
+/* Sends r (its header plus, for get, the leased slices) and takes ownership. */
+static void reply_send(reply_t *r)
+{
+    if (r->w.err || !conn_live(r->c)) {
+        if (r->w.err)
+            kvp_error("server: out of memory encoding a reply");
+        reply_free(r);
+        return;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = reply_sent,
+        .user_data = r,
+    };
+    const void *data = NULL;
+    size_t count = 0;
+    if (r->nleases == 1) {
+        data = r->iov[0].buffer;
+        count = r->iov[0].length;
+    } else if (r->nleases) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype = ucp_dt_make_iov();
+        data = r->iov;
+        count = r->nleases;
+    }
+    ucs_status_ptr_t sp = ucp_am_send_nbx(r->c->ep, KVP_AM_REPLY, r->w.buf, r->w.len, data, count, &prm);
+    if (sp == NULL) {
+        kvp__metrics_observe(&r->s->ctr, r->op, kvp__now_ns() - r->t0);
+        reply_free(r);
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        kvp_debug("server: reply send failed: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+        reply_free(r);
+    }
+}
+
+static void reply_status(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, kvp_status_t st)
+{
+    reply_t *r = reply_new(s, c, op);
+    if (!r)
+        return;
+    kvp__wire_reply_begin(&r->w, op, req_id, st, 0);
+    reply_send(r);
+}
+
+static void reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id,
+                          const kvp_key_result_t *res, uint32_t n, int sizes)
+{
+    reply_t *r = reply_new(s, c, op);
+    if (!r)
+        return;
+    kvp__wire_reply_begin(&r->w, op, req_id, KVP_OK, 1);
+    kvp__mpw_array(&r->w, n);
+    for (uint32_t i = 0; i < n; i++) {
+        kvp__mpw_array(&r->w, 2);
+        kvp__mpw_int(&r->w, res[i].status);
+        kvp__mpw_uint(&r->w, sizes ? res[i].size : res[i].flags);
+    }
+    reply_send(r);
+}
+
+/* ---- put ---- */
+
+static void put_finish(put_ctx_t *pc, ucs_status_t recv_status)
+{
+    server_t *s = pc->s;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < pc->n; i++) {
+        if (!pc->resv[i])
+            continue;
+        if (recv_status != UCS_OK) {
+            kvp__store_abort(s->store, pc->resv[i]);
+            pc->res[i].status = kvp__ucx_status(recv_status);
+            continue;
+        }
+        uint32_t flags = 0;
+        pc->res[i].status = kvp__store_commit(s->store, pc->resv[i], &flags);
+        pc->res[i].flags = flags;
+        bytes += pc->res[i].size;
+    }
+    atomic_fetch_add(&s->ctr.bytes_in, bytes);
+    if (recv_status != UCS_OK)
+        kvp_warn("server: put payload from conn %llu failed (%s); %u reservation(s) aborted",
+                 (unsigned long long)pc->c->id, ucs_status_string(recv_status), pc->n);
+    if (conn_live(pc->c))
+        reply_results(s, pc->c, KVP_WOP_PUT, pc->req_id, pc->res, pc->n, 0);
+    kvp__metrics_observe(&s->ctr, KVP_WOP_PUT, kvp__now_ns() - pc->t0);
+    pc->c->inflight--;
+    s->inflight--;
+    kvp__free(pc->resv, pc->n * sizeof *pc->resv);
+    kvp__free(pc->res, pc->n * sizeof *pc->res);
+    kvp__free(pc->iov, pc->n * sizeof *pc->iov);
+    kvp__free(pc, sizeof *pc);
+}
+
+static void put_received(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    (void)length;
+    put_finish(user_data, status);
+    ucp_request_free(request);
+}
+
+static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    uint32_t n = rq->nkeys;
+    put_ctx_t *pc = kvp__calloc(1, sizeof *pc);
+    kvp__resv_t **resv = kvp__calloc(n ? n : 1, sizeof *resv);
+    kvp_key_result_t *res = kvp__calloc(n ? n : 1, sizeof *res);
+    ucp_dt_iov_t *iov = kvp__calloc(n ? n : 1, sizeof *iov);
+    if (!pc || !resv || !res || !iov) {
+        kvp__free(pc, sizeof *pc);
+        kvp__free(resv, (n ? n : 1) * sizeof *resv);
+        kvp__free(res, (n ? n : 1) * sizeof *res);
+        kvp__free(iov, (n ? n : 1) * sizeof *iov);
+        reply_status(s, c, KVP_WOP_PUT, rq->req_id, KVP_ERR_NO_MEMORY);
+        return UCS_OK;
+    }
+    *pc = (put_ctx_t){s, c, rq->req_id, n, kvp__now_ns(), resv, res, iov};
+    c->inflight++;
+    s->inflight++;
+    uint64_t max_skip = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        void *dst = NULL;
+        uint32_t flags = 0;
+        res[i].size = rq->sizes[i];
+        kvp_status_t st = KVP_OK;
+        if (rq->sizes[i] > kvp__store_max_value(s->store))
+            st = KVP_ERR_VALUE_TOO_LARGE;
+        else
+            st = kvp__store_reserve(s->store, rq->keys[i].data, rq->keys[i].len, rq->sizes[i], 1,
+                                    &resv[i], &dst, &flags);
+        res[i].status = st;
+        res[i].flags = flags;
+        iov[i].buffer = dst;
+        iov[i].length = rq->sizes[i];
+        if (!dst && rq->sizes[i] > max_skip)
+            max_skip = rq->sizes[i];
+    }
+    if (max_skip > s->discard_cap) {
+        kvp__free(s->discard, s->discard_cap);
+        s->discard = kvp__malloc(max_skip);
+        s->discard_cap = s->discard ? max_skip : 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (iov[i].buffer)
+            continue;
+        if (!s->discard) {
+            /* Returning without receiving drops a rendezvous descriptor:
+             * the sender's put completes, and the reply says why. */
+            put_finish(pc, UCS_ERR_NO_MEMORY);
+            return UCS_OK;
+        }
+        iov[i].buffer = s->discard;
+    }
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        /* Eager: the bytes are here already. */
+        const char *src = data;
+        for (uint32_t i = 0; i < n; i++) {
+            if (resv[i])
+                memcpy(iov[i].buffer, src, iov[i].length);
+            src += iov[i].length;
+        }
+        (void)length;
+        put_finish(pc, UCS_OK);
+        return UCS_OK;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE,
+        .cb.recv_am = put_received,
+        .user_data = pc,
+    };
+    void *buf = iov;
+    size_t count = n;
+    if (n == 1) {
+        prm.datatype = ucp_dt_make_contig(1);
+        buf = iov[0].buffer;
+        count = iov[0].length;
+    } else {
+        prm.datatype = ucp_dt_make_iov();
+    }
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(s->worker, data, buf, count, &prm);
+    if (sp == NULL)
+        put_finish(pc, UCS_OK);
+    else if (UCS_PTR_IS_ERR(sp))
+        put_finish(pc, UCS_PTR_STATUS(sp));
+    return UCS_OK;
+}
+
+/* ---- other ops ---- */
+
+static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
+{
+    uint32_t n = rq->nkeys;
+    reply_t *r = reply_new(s, c, KVP_WOP_GET);
+    if (!r)
+        return;
+    r->cap = n ? n : 1;
+    r->leases = kvp__calloc(r->cap, sizeof *r->leases);
+    r->iov = kvp__calloc(r->cap, sizeof *r->iov);
+    if (!r->leases || !r->iov) {
+        kvp__wire_reply_begin(&r->w, KVP_WOP_GET, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+        reply_send(r);
+        return;
+    }
+    kvp__wire_reply_begin(&r->w, KVP_WOP_GET, rq->req_id, KVP_OK, 1);
+    kvp__mpw_array(&r->w, n);
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const void *p;
+        uint64_t size;
+        kvp__lease_t *l;
+        kvp_status_t st = kvp__store_acquire(s->store, rq->keys[i].data, rq->keys[i].len, &p, &size, &l);
+        if (st == KVP_OK && size > rq->sizes[i]) {
+            kvp__store_release(s->store, l);
+            st = KVP_ERR_BUFFER_TOO_SMALL;
+        }
+        if (st == KVP_OK) {
+            r->leases[r->nleases] = l;
+            r->iov[r->nleases].buffer = (void *)p;
+            r->iov[r->nleases].length = size;
+            r->nleases++;
+            bytes += size;
+        }
+        kvp__mpw_array(&r->w, 2);
+        kvp__mpw_int(&r->w, st);
+        kvp__mpw_uint(&r->w, size);
+    }
+    atomic_fetch_add(&s->ctr.bytes_out, bytes);
+    reply_send(r);
+}
+
+static void handle_simple(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
+{
+    uint32_t n = rq->nkeys;
+    reply_t *r;
+    switch (rq->op) {
+    case KVP_WOP_EXISTS: {
+        r = reply_new(s, c, rq->op);
+        if (!r)
+            return;
+        uint8_t *present = kvp__malloc(n ? n : 1);
+        if (!present) {
+            kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+        } else {
+            kvp__store_exists_batch(s->store, rq->keys, n, present);
+            kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
+            kvp__mpw_bin(&r->w, present, n);
+            kvp__free(present, n ? n : 1);
+        }
+        reply_send(r);
+        return;
+    }
+    case KVP_WOP_PREFIX:
+        r = reply_new(s, c, rq->op);
+        if (!r)
+            return;
+        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
+        kvp__mpw_uint(&r->w, kvp__store_prefix(s->store, rq->keys, n));
+        reply_send(r);
+        return;
+    case KVP_WOP_REMOVE:
+    case KVP_WOP_PIN:
+    case KVP_WOP_UNPIN: {
+        kvp_key_result_t *res = kvp__calloc(n ? n : 1, sizeof *res);
+        if (!res) {
+            reply_status(s, c, rq->op, rq->req_id, KVP_ERR_NO_MEMORY);
+            return;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            res[i].status = rq->op == KVP_WOP_REMOVE
+                                ? kvp__store_remove(s->store, rq->keys[i].data, rq->keys[i].len)
+                                : kvp__store_pin(s->store, rq->keys[i].data, rq->keys[i].len,
+                                                 rq->op == KVP_WOP_PIN);
+        reply_results(s, c, rq->op, rq->req_id, res, n, 0);
+        kvp__free(res, (n ? n : 1) * sizeof *res);
+        return;
+    }
+    case KVP_WOP_REMOVE_ALL: {
+        uint64_t removed = kvp__store_remove_all(s->store);
+        kvp_info("server: remove_all from conn %llu dropped %llu objects", (unsigned long long)c->id,
+                 (unsigned long long)removed);
+        r = reply_new(s, c, rq->op);
+        if (!r)
+            return;
+        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
+        kvp__mpw_uint(&r->w, removed);
+        reply_send(r);
+        return;
+    }
+    case KVP_WOP_STATS: {
+        kvp_pool_stats_t st;
+        kvp__store_stats(s->store, &st);
+        r = reply_new(s, c, rq->op);
+        if (!r)
+            return;
+        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
+        const uint64_t *f = (const uint64_t *)&st;
+        kvp__mpw_array(&r->w, (uint32_t)KVP_WIRE_NSTATS);
+        for (size_t i = 0; i < KVP_WIRE_NSTATS; i++)
+            kvp__mpw_uint(&r->w, f[i]);
+        reply_send(r);
+        return;
+    }
+    default:
+        reply_status(s, c, rq->op, rq->req_id, KVP_ERR_PROTOCOL);
+    }
+}
+
+static int token_ok(const server_t *s, const uint8_t *tok, uint32_t len)
+{
+    size_t want = strlen(s->p.token);
+    unsigned diff = (unsigned)(want ^ len);
+    for (size_t i = 0; i < want; i++)
+        diff |= (unsigned)(s->p.token[i] ^ (i < len ? tok[i] : 0));
+    return diff == 0;
+}
+
+static void conn_kill(server_t *s, conn_t *c, const char *why)
+{
+    if (c->state == CONN_DEAD)
+        return;
+    if (c->state == CONN_READY)
+        kvp_info("server: conn %llu closed: %s", (unsigned long long)c->id, why);
+    else
+        kvp_warn("server: handshake %llu dropped: %s", (unsigned long long)c->id, why);
+    c->state = CONN_DEAD;
+    if (c->src.fd >= 0) {
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
+        close(c->src.fd);
+        c->src.fd = -1;
+    }
+    kvp__free(c->hs_buf, HS_BUF_MAX);
+    c->hs_buf = NULL;
+}
+
+static void dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
+{
+    atomic_fetch_add(&s->ctr.ops[rq->op], 1);
+    if (rq->op == KVP_WOP_HELLO) {
+        reply_t *r = reply_new(s, c, rq->op);
+        if (!r)
+            return;
+        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 3);
+        kvp__mpw_uint(&r->w, KVP_WIRE_VERSION);
+        kvp__mpw_uint(&r->w, KVP_BATCH_MAX);
+        kvp__mpw_uint(&r->w, kvp__store_max_value(s->store));
+        reply_send(r);
+    } else if (s->draining) {
+        reply_status(s, c, rq->op, rq->req_id, KVP_ERR_CLOSED);
+    } else if (rq->op == KVP_WOP_GET) {
+        handle_get(s, c, rq);
+    } else {
+        handle_simple(s, c, rq);
+    }
+}
+
+/* A request whose header came as the AM's data. */
+static void handle_in_data(server_t *s, conn_t *c, const void *buf, size_t len)
+{
+    kvp__wire_req_t rq;
+    kvp_status_t st = kvp__wire_req_decode(buf, len, &rq, s->keys_buf, s->sizes_buf, KVP_BATCH_MAX);
+    if (st == KVP_OK && (rq.op == KVP_WOP_PUT || rq.op == KVP_WOP_IN_DATA || rq.conn_key != c->key))
+        st = KVP_ERR_PROTOCOL;
+    if (st != KVP_OK) {
+        atomic_fetch_add(&s->ctr.bad_requests, 1);
+        reply_status(s, c, 0, 0, st);
+        return;
+    }
+    dispatch(s, c, &rq);
+}
+
+typedef struct in_data {
+    server_t *s;
+    conn_t *c;
+    void *buf;
+    size_t len;
+} in_data_t;
+
+static void in_data_received(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    in_data_t *d = user_data;
+    (void)length;
+    d->c->inflight--;
+    d->s->inflight--;
+    if (status == UCS_OK && conn_live(d->c))
+        handle_in_data(d->s, d->c, d->buf, d->len);
+    kvp__free(d->buf, d->len);
+    kvp__free(d, sizeof *d);
+    if (request)
+        ucp_request_free(request);
+}
+
+static ucs_status_t on_request(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    server_t *s = arg;
+    atomic_fetch_add(&s->ctr.requests, 1);
+    kvp__wire_req_t rq;
+    kvp_status_t st = kvp__wire_req_decode(header, header_length, &rq, s->keys_buf, s->sizes_buf,
+                                           KVP_BATCH_MAX);
+    conn_t *c = st == KVP_OK ? conn_by_key(s, rq.conn_key) : NULL;
+    if (!c || !conn_live(c)) {
+        /* No connection to answer on: an undecodable header or an unknown
+         * key (a closed connection's late message, or a forged one). */
+        atomic_fetch_add(&s->ctr.bad_requests, 1);
+        kvp_warn("server: request dropped (%s)", st != KVP_OK ? kvp_status_str(st) : "unknown connection key");
+        return UCS_OK;
+    }
+    int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (rq.op == KVP_WOP_IN_DATA) {
+        if (length == 0 || length > KVP_WIRE_HEADER_MAX) {
+            atomic_fetch_add(&s->ctr.bad_requests, 1);
+            reply_status(s, c, 0, rq.req_id, KVP_ERR_PROTOCOL);
+            return UCS_OK;
+        }
+        if (!rndv) {
+            handle_in_data(s, c, data, length);
+            return UCS_OK;
+        }
+        in_data_t *d = kvp__calloc(1, sizeof *d);
+        void *buf = kvp__malloc(length);
+        if (!d || !buf) {
+            kvp__free(d, sizeof *d);
+            kvp__free(buf, length);
+            reply_status(s, c, 0, rq.req_id, KVP_ERR_NO_MEMORY);
+            return UCS_OK;
+        }
+        *d = (in_data_t){s, c, buf, length};
+        c->inflight++;
+        s->inflight++;
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_DATATYPE,
+            .cb.recv_am = in_data_received,
+            .user_data = d,
+            .datatype = ucp_dt_make_contig(1),
+        };
+        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(s->worker, data, buf, length, &prm);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp))
+            in_data_received(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, length, d);
+        return UCS_OK;
+    }
+    if ((rq.op == KVP_WOP_PUT) != (length > 0) || (rq.op == KVP_WOP_PUT && length != rq.payload)) {
+        atomic_fetch_add(&s->ctr.bad_requests, 1);
+        kvp_warn("server: conn %llu sent %zu data bytes for a %s needing %llu",
+                 (unsigned long long)c->id, length, rq.op == KVP_WOP_PUT ? "put" : "non-put",
+                 (unsigned long long)rq.payload);
+        reply_status(s, c, rq.op, rq.req_id, KVP_ERR_PROTOCOL);
+        return UCS_OK;
+    }
+    if (rq.op == KVP_WOP_PUT) {
+        atomic_fetch_add(&s->ctr.ops[rq.op], 1);
+        if (s->draining) {
+            reply_status(s, c, rq.op, rq.req_id, KVP_ERR_CLOSED);
+            return UCS_OK;
+        }
+        return handle_put(s, c, &rq, data, length, param);
+    }
+    dispatch(s, c, &rq);
+    return UCS_OK;
+}
+
+/* ---- connections ---- */
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    server_t *s = arg;
+    for (conn_t *c = s->conns; c; c = c->next)
+        if (c->ep == ep && c->state == CONN_READY) {
+            kvp_info("server: conn %llu endpoint failed (%s)", (unsigned long long)c->id,
+                     ucs_status_string(status));
+            conn_kill(s, c, "UCX endpoint failed");
+        }
+}
+
+static uint64_t random_key(void)
+{
+    uint64_t k = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&k, sizeof k, 1, f) != 1)
+            k = 0;
+        fclose(f);
+    }
+    k ^= kvp__now_ns() * 0x9e3779b97f4a7c15ull;
+    return k ? k : 1;
+}
+
+/* The client's hello is complete in c->hs_buf: check it, open the endpoint,
+ * answer. */
+static void finish_handshake(server_t *s, conn_t *c, const kvp__hs_hello_t *h)
+{
+    uint8_t reply[KVP_HS_REPLY_FIXED + 4096];
+    const uint8_t *a = (const uint8_t *)s->addr;
+    if (s->p.token && (!h->token || !token_ok(s, h->token, h->token_len))) {
+        atomic_fetch_add(&s->ctr.auth_failures, 1);
+        size_t n = kvp__hs_encode_reply(reply, KVP_ERR_AUTH, 0, NULL, 0);
+        (void)!send(c->src.fd, reply, n, MSG_NOSIGNAL);
+        conn_kill(s, c, "wrong or missing token");
+        return;
+    }
+    if (s->draining) {
+        size_t n = kvp__hs_encode_reply(reply, KVP_ERR_CLOSED, 0, NULL, 0);
+        (void)!send(c->src.fd, reply, n, MSG_NOSIGNAL);
+        conn_kill(s, c, "server shutting down");
+        return;
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = (const ucp_address_t *)h->addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_NONE,
+        .err_handler = {.cb = on_ep_error, .arg = s},
+    };
+    ucs_status_t st = ucp_ep_create(s->worker, &ep, &c->ep);
+    if (st != UCS_OK) {
+        size_t n = kvp__hs_encode_reply(reply, KVP_ERR_IO, 0, NULL, 0);
+        (void)!send(c->src.fd, reply, n, MSG_NOSIGNAL);
+        c->ep = NULL;
+        conn_kill(s, c, "cannot create a UCX endpoint to the client's address");
+        return;
+    }
+    c->key = random_key();
+    c->hnext = s->by_key[c->key % KEY_BUCKETS];
+    s->by_key[c->key % KEY_BUCKETS] = c;
+    size_t n = kvp__hs_encode_reply(reply, KVP_OK, c->key, a, (uint32_t)s->addr_len);
+    if (s->addr_len > sizeof reply - KVP_HS_REPLY_FIXED ||
+        send(c->src.fd, reply, n, MSG_NOSIGNAL) != (ssize_t)n) {
+        conn_kill(s, c, "handshake reply not sent");
+        return;
+    }
+    kvp__free(c->hs_buf, HS_BUF_MAX);
+    c->hs_buf = NULL;
+    c->state = CONN_READY;
+    atomic_fetch_add(&s->ctr.accepted, 1);
+    kvp_debug("server: conn %llu ready", (unsigned long long)c->id);
+}
+
+static void on_conn_readable(server_t *s, conn_t *c, uint32_t events)
+{
+    if (c->state == CONN_HANDSHAKE) {
+        ssize_t k = recv(c->src.fd, c->hs_buf + c->hs_len, HS_BUF_MAX - c->hs_len, 0);
+        if (k <= 0) {
+            if (k == 0 || (errno != EAGAIN && errno != EINTR))
+                conn_kill(s, c, "closed during the handshake");
+            return;
+        }
+        c->hs_len += (size_t)k;
+        kvp__hs_hello_t h;
+        size_t used;
+        kvp_status_t st = kvp__hs_parse_hello(c->hs_buf, c->hs_len, &h, &used);
+        if (st == KVP_INPROGRESS)
+            return;
+        if (st != KVP_OK || used != c->hs_len) {
+            atomic_fetch_add(&s->ctr.bad_requests, 1);
+            conn_kill(s, c, st == KVP_ERR_VERSION ? "unsupported handshake version" : "not a kvpool handshake");
+            return;
+        }
+        finish_handshake(s, c, &h);
+        return;
+    }
+    /* Ready: nothing may arrive on the socket; EOF means the client died. */
+    char junk[256];
+    ssize_t k = recv(c->src.fd, junk, sizeof junk, 0);
+    if (k == 0 || (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)))
+        conn_kill(s, c, "client closed its connection");
+    else if (k > 0)
+        conn_kill(s, c, "unexpected bytes on the control socket");
+}
+
+static void on_accept(server_t *s)
+{
+    for (;;) {
+        int fd = accept4(s->listen_src.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        uint32_t maxc = s->p.max_conns ? s->p.max_conns : 1024;
+        if (s->draining || s->nconns >= maxc) {
+            kvp_warn("server: connection refused (%s)", s->draining ? "shutting down" : "too many connections");
+            close(fd);
+            continue;
+        }
+        conn_t *c = kvp__calloc(1, sizeof *c);
+        uint8_t *buf = kvp__malloc(HS_BUF_MAX);
+        if (!c || !buf) {
+            kvp__free(c, sizeof *c);
+            kvp__free(buf, HS_BUF_MAX);
+            close(fd);
+            continue;
+        }
+        c->src = (evsrc_t){SRC_CONN, fd};
+        c->state = CONN_HANDSHAKE;
+        c->hs_buf = buf;
+        c->hs_deadline_ns = kvp__now_ns() + HS_TIMEOUT_NS;
+        c->id = ++s->next_conn_id;
+        c->next = s->conns;
+        s->conns = c;
+        s->nconns++;
+        atomic_store(&s->ctr.connections, s->nconns);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->src};
+        epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev);
+    }
+}
+
+/* Frees dead connections whose requests have all finished; drops
+ * handshakes that outlived their deadline (half-open connections). */
+static void reap_conns(server_t *s, int check_deadlines)
+{
+    uint64_t now = check_deadlines ? kvp__now_ns() : 0;
+    conn_t **pp = &s->conns;
+    while (*pp) {
+        conn_t *c = *pp;
+        if (check_deadlines && c->state == CONN_HANDSHAKE && now > c->hs_deadline_ns)
+            conn_kill(s, c, "handshake timed out");
+        if (c->state == CONN_DEAD && c->ep) {
+            /* A forced close cancels the connection's transfers in flight;
+             * their callbacks run (and finish the requests) right here. */
+            ucp_ep_h ep = c->ep;
+            c->ep = NULL;
+            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                       .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
+            if (sp && !UCS_PTR_IS_ERR(sp)) {
+                while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+                    ucp_worker_progress(s->worker);
+                ucp_request_free(sp);
+            }
+        }
+        if (c->state == CONN_DEAD && c->inflight == 0) {
+            *pp = c->next;
+            conn_t **hp = &s->by_key[c->key % KEY_BUCKETS];
+            while (*hp && *hp != c)
+                hp = &(*hp)->hnext;
+            if (*hp)
+                *hp = c->hnext;
+            s->nconns--;
+            atomic_store(&s->ctr.connections, s->nconns);
+            kvp__free(c, sizeof *c);
+            continue;
+        }
+        pp = &c->next;
+    }
+}
+
+static kvp_status_t start_listener(server_t *s)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->p.port)};
+    if (inet_pton(AF_INET, s->p.host, &sa.sin_addr) != 1) {
+        kvp_error("server: --listen host '%s' is not an IPv4 address", s->p.host);
+        return KVP_ERR_INVALID_ARG;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0) {
+        kvp_error("server: cannot listen on %s:%u: %s", s->p.host, s->p.port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return KVP_ERR_IO;
+    }
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    s->p.port = ntohs(sa.sin_port);
+    s->listen_src = (evsrc_t){SRC_LISTEN, fd};
+    kvp_info("server: listening on %s:%u", s->p.host, s->p.port);
+    if (s->p.port_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", s->p.port_file);
+        FILE *f = fopen(tmp, "w");
+        if (f) {
+            fprintf(f, "%u\n", s->p.port);
+            fclose(f);
+            rename(tmp, s->p.port_file);
+        }
+    }
+    return KVP_OK;
+}
+
+static void add_fd(server_t *s, evsrc_t *src, src_kind_t kind, int fd)
+{
+    *src = (evsrc_t){kind, fd};
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = src};
+    epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+static void on_signal(server_t *s)
+{
+    struct signalfd_siginfo si;
+    while (read(s->signal_src.fd, &si, sizeof si) == sizeof si) {
+        if (!s->draining)
+            kvp_info("server: signal %u: finishing %llu request(s) in flight, refusing new ones",
+                     si.ssi_signo, (unsigned long long)s->inflight);
+        s->draining = 1;
+    }
+}
+
+static void loop(server_t *s)
+{
+    uint64_t spin_until = 0;
+    for (;;) {
+        int did = 0;
+        while (ucp_worker_progress(s->worker))
+            did = 1;
+        uint64_t now = kvp__now_ns();
+        if (did)
+            spin_until = now + 50000; /* keep polling 50 us after activity: lower latency */
+        int timeout = now < spin_until ? 0 : (s->draining ? 10 : 1000);
+        if (timeout && ucp_worker_arm(s->worker) == UCS_ERR_BUSY)
+            continue;
+        struct epoll_event evs[16];
+        int n = epoll_wait(s->epfd, evs, 16, timeout);
+        for (int i = 0; i < n; i++) {
+            evsrc_t *src = evs[i].data.ptr;
+            switch (src->kind) {
+            case SRC_LISTEN: on_accept(s); break;
+            case SRC_CONN: on_conn_readable(s, (conn_t *)src, evs[i].events); break;
+            case SRC_SIGNAL: on_signal(s); break;
+            case SRC_TIMER: {
+                uint64_t x;
+                (void)!read(src->fd, &x, sizeof x);
+                (void)kvp__store_reap(s->store);
+                reap_conns(s, 1);
+                break;
+            }
+            case SRC_WORKER: break;
+            }
+        }
+        if (n == 0 || s->draining)
+            reap_conns(s, 0);
+        if (s->draining && s->inflight == 0)
+            return;
+    }
+}
+
+kvp_status_t kvp__server_run(const kvp__server_params_t *params)
+{
+    kvp_status_t st;
+    server_t *s = kvp__calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ERR_NO_MEMORY;
+    s->p = *params;
+    s->epfd = -1;
+    s->keys_buf = kvp__calloc(KVP_BATCH_MAX, sizeof *s->keys_buf);
+    s->sizes_buf = kvp__calloc(KVP_BATCH_MAX, sizeof *s->sizes_buf);
+    if (!s->keys_buf || !s->sizes_buf) {
+        st = KVP_ERR_NO_MEMORY;
+        goto err_bufs;
+    }
+    kvp__store_params_t sp;
+    kvp__store_params_default(&sp);
+    sp.capacity = params->memory;
+    sp.mem_kind = KVP_MEM_MEMFD;
+    if (params->put_timeout_ns)
+        sp.put_timeout_ns = params->put_timeout_ns;
+    st = kvp__store_create(&sp, &s->store);
+    if (st != KVP_OK)
+        goto err_bufs;
+    st = kvp__ucx_open("server", 0, &s->ctx, &s->worker);
+    if (st != KVP_OK)
+        goto err_store;
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = KVP_AM_REQUEST,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_request,
+        .arg = s,
+    };
+    if (ucp_worker_set_am_recv_handler(s->worker, &hp) != UCS_OK ||
+        ucp_worker_get_address(s->worker, &s->addr, &s->addr_len) != UCS_OK) {
+        kvp_error("server: cannot set up the UCX worker");
+        st = KVP_ERR_IO;
+        goto err_ucx;
+    }
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    st = start_listener(s);
+    if (st != KVP_OK)
+        goto err_addr;
+    if (params->metrics_port) {
+        st = kvp__metrics_start(params->metrics_port, s->store, &s->ctr, &s->metrics);
+        if (st != KVP_OK)
+            goto err_listener;
+    }
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    struct itimerspec its = {{1, 0}, {1, 0}};
+    timerfd_settime(tfd, 0, &its, NULL);
+    int wfd = -1;
+    ucp_worker_get_efd(s->worker, &wfd);
+    add_fd(s, &s->signal_src, SRC_SIGNAL, sfd);
+    add_fd(s, &s->timer_src, SRC_TIMER, tfd);
+    add_fd(s, &s->worker_src, SRC_WORKER, wfd);
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &s->listen_src};
+    epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_src.fd, &lev);
+    kvp_info("server: ready (arena %llu bytes, UCX transports %s, token %s)",
+             (unsigned long long)params->memory, kvp__ucx_transports(s->ctx),
+             params->token ? "required" : "none");
+
+    loop(s);
+
+    kvp_info("server: stopped");
+    close(tfd);
+    close(sfd);
+    for (conn_t *c = s->conns; c; c = c->next)
+        conn_kill(s, c, "server stopping");
+    reap_conns(s, 0);
+    kvp__metrics_stop(s->metrics);
+    st = KVP_OK;
+err_listener:
+    close(s->listen_src.fd);
+err_addr:
+    if (s->epfd >= 0)
+        close(s->epfd);
+    ucp_worker_release_address(s->worker, s->addr);
+err_ucx:
+    kvp__ucx_close(s->ctx, s->worker);
+err_store:
+    kvp__store_destroy(s->store);
+err_bufs:
+    kvp__free(s->discard, s->discard_cap);
+    kvp__free(s->keys_buf, KVP_BATCH_MAX * sizeof *s->keys_buf);
+    kvp__free(s->sizes_buf, KVP_BATCH_MAX * sizeof *s->sizes_buf);
+    kvp__free(s, sizeof *s);
+    return st;
+}

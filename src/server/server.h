@@ -1,0 +1,28 @@
+/*
+ * The kvpool server: one process, one event-loop thread that owns a UCX
+ * worker and the storage engine, serving the wire protocol (net/wire.h) to
+ * many clients.  kvp__server_run blocks until SIGTERM/SIGINT (or
+ * kvp__server_stop), then refuses new requests, finishes those in flight and
+ * returns.
+ */
+#ifndef KVP_SERVER_SERVER_H
+#define KVP_SERVER_SERVER_H
+
+#include <stdint.h>
+
+#include "kvpool/status.h"
+
+typedef struct kvp__server_params {
+    const char *host;           /* listen address, e.g. "127.0.0.1" or "0.0.0.0" */
+    uint16_t port;              /* 0 = any; the bound port is logged and written to port_file */
+    uint64_t memory;            /* arena bytes */
+    const char *token;          /* shared secret, NULL = none */
+    uint64_t put_timeout_ns;
+    uint16_t metrics_port;      /* 0 = no metrics endpoint */
+    const char *port_file;      /* if set, the bound port is written there once listening */
+    uint32_t max_conns;         /* 0 = 1024 */
+} kvp__server_params_t;
+
+kvp_status_t kvp__server_run(const kvp__server_params_t *params);
+
+#endif

@@ -1,0 +1,119 @@
+/* `kvpool server`: run a pool server (see src/server/server.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "server/server.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvpool server --listen HOST:PORT --memory SIZE [--metrics-port P]\n"
+               "                     [--token-file F] [--put-timeout DURATION] [--log-level L]\n"
+               "                     [--port-file F]\n"
+               "  --listen       IPv4 address and port (port 0 = any free port, see --port-file)\n"
+               "  --memory       arena size, e.g. 4GiB\n"
+               "  --token-file   clients must present this file's first line as token\n"
+               "  --put-timeout  reclaim put reservations not committed within this (default 30s)\n"
+               "  --log-level    error|warn|info|debug (default info)\n");
+}
+
+/* Reads the token: the file's first line, without the line end. */
+static char *read_token(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "kvpool server: cannot read token file %s\n", path);
+        return NULL;
+    }
+    char buf[512];
+    char *ok = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!ok) {
+        fprintf(stderr, "kvpool server: token file %s is empty\n", path);
+        return NULL;
+    }
+    buf[strcspn(buf, "\r\n")] = 0;
+    if (!buf[0] || strlen(buf) > 256) {
+        fprintf(stderr, "kvpool server: token in %s must be 1..256 bytes\n", path);
+        return NULL;
+    }
+    return strdup(buf);
+}
+
+int kvp_cmd_server(int argc, char **argv)
+{
+    kvp__server_params_t p = {.host = "127.0.0.1", .port = 0, .memory = 1ull << 30};
+    kvp_log_level_t lvl = KVP_LOG_INFO;
+    char host[256] = "127.0.0.1";
+    char *token = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        if (!v) {
+            fprintf(stderr, "kvpool server: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--listen")) {
+            const char *colon = strrchr(v, ':');
+            char *end;
+            long port = colon ? strtol(colon + 1, &end, 10) : -1;
+            if (!colon || colon == v || (size_t)(colon - v) >= sizeof host || *end || port < 0 || port > 65535) {
+                fprintf(stderr, "kvpool server: --listen wants HOST:PORT, got '%s'\n", v);
+                return 2;
+            }
+            memcpy(host, v, (size_t)(colon - v));
+            host[colon - v] = 0;
+            p.port = (uint16_t)port;
+        } else if (!strcmp(a, "--memory")) {
+            if (kvp__parse_size(v, &p.memory) != KVP_OK || p.memory < 65536) {
+                fprintf(stderr, "kvpool server: bad --memory '%s' (e.g. 4GiB, at least 64KiB)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--metrics-port")) {
+            char *end;
+            long port = strtol(v, &end, 10);
+            if (*end || port < 1 || port > 65535) {
+                fprintf(stderr, "kvpool server: bad --metrics-port '%s'\n", v);
+                return 2;
+            }
+            p.metrics_port = (uint16_t)port;
+        } else if (!strcmp(a, "--token-file")) {
+            free(token);
+            if (!(token = read_token(v)))
+                return 2;
+        } else if (!strcmp(a, "--put-timeout")) {
+            if (kvp__parse_duration_ns(v, &p.put_timeout_ns) != KVP_OK || !p.put_timeout_ns) {
+                fprintf(stderr, "kvpool server: bad --put-timeout '%s' (e.g. 30s)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--log-level")) {
+            if (kvp__log_parse_level(v, &lvl) != 0) {
+                fprintf(stderr, "kvpool server: --log-level is error|warn|info|debug\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--port-file")) {
+            p.port_file = v;
+        } else {
+            fprintf(stderr, "kvpool server: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    kvp__log_set_level(lvl);
+    p.host = host;
+    p.token = token;
+    kvp_status_t st = kvp__server_run(&p);
+    free(token);
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool server: %s\n", kvp_status_str(st));
+        return 1;
+    }
+    return 0;
+}
