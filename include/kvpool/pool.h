@@ -18,8 +18,12 @@
  *
  * Batches.  Every data operation takes N keys.  Arguments are validated for
  * the whole batch first: a NULL pointer, a key of bad length, an empty or
- * oversized value, a short buffer or a key repeated in the batch fails the
- * whole call with that specific status, logs one line, and changes nothing.
+ * oversized value, or a key repeated in a PUT/GET/REMOVE/PIN/UNPIN batch
+ * fails the whole call with that specific status, logs one line, and changes
+ * nothing.  The lookups (EXISTS, PREFIX) read nothing but the index and
+ * answer per position, so a repeated key there is allowed (Mooncake's
+ * batch_is_exist behaves the same) and costs no duplicate scan on the
+ * hottest path.
  * Once validated, each key gets its own result: batches are not
  * all-or-nothing (one key may be stored while another gets KVP_ERR_NO_SPACE).
  * The call then returns KVP_OK even if some keys failed; look at results[].

@@ -28,6 +28,10 @@ kvp_status_t kvp_pool_open(const char *uri, kvp_pool_t **pool_p)
         return KVP_ERR_NULL_POINTER;
     }
     *pool_p = NULL;
+    if (!uri) {
+        kvp_error("pool_open: uri is NULL");
+        return KVP_ERR_NULL_POINTER;
+    }
     kvp__uri_t *u = kvp__malloc(sizeof *u);
     if (!u)
         return KVP_ERR_NO_MEMORY;
@@ -121,7 +125,8 @@ static const char *op_name(kvp_op_type_t t)
     return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }
 
-/* Checks a scatter list; *total_p = its length. */
+/* Checks a scatter list; *total_p = its length, saturated at UINT64_MAX
+ * (slice lengths that would wrap around count as too large, never small). */
 static kvp_status_t check_sgl(const kvp_sgl_t *v, uint64_t *total_p)
 {
     uint64_t t = 0;
@@ -130,7 +135,7 @@ static kvp_status_t check_sgl(const kvp_sgl_t *v, uint64_t *total_p)
     for (uint32_t i = 0; i < v->iovcnt; i++) {
         if (v->iov[i].len && !v->iov[i].base)
             return KVP_ERR_NULL_POINTER;
-        t += v->iov[i].len;
+        t = v->iov[i].len > UINT64_MAX - t ? UINT64_MAX : t + v->iov[i].len;
     }
     *total_p = t;
     return KVP_OK;

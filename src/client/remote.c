@@ -46,12 +46,16 @@
 
 #define NBUCKETS 256
 
-/* One caller op; a put whose header would exceed KVP_AM_HDR_MAX travels as
- * several requests (each a slice of its keys), all posted at once. */
+/* One caller op.  Large batches travel as several requests, each a slice of
+ * the keys, all posted at once (one round trip): at most KVP_SLICE_KEYS keys
+ * per request, so every reply header fits an AM header, and for puts few
+ * enough keys that the request header does too (put data are the values). */
+#define KVP_SLICE_KEYS 256u
 typedef struct opctx {
     kvp_op_t *op;
     uint32_t left;          /* requests not finished */
     kvp_status_t status;    /* first failure */
+    size_t prefix;          /* PREFIX: min over slices of off + m where m < cnt */
 } opctx_t;
 
 typedef struct pending {
@@ -169,6 +173,8 @@ static void fire(opctx_t *oc)
         return;
     kvp_op_t *op = oc->op;
     kvp_status_t st = oc->status;
+    if (op->type == KVP_OP_PREFIX && st == KVP_OK)
+        *op->prefix_len = oc->prefix;
     kvp__free(oc, sizeof *oc);
     if (op->cb)
         op->cb(op->cb_arg, st);
@@ -194,8 +200,12 @@ static void on_send_done(void *request, ucs_status_t status, void *user_data)
     opctx_t *f = NULL;
     if (p) {
         p->send_done = 1;
-        if (status != UCS_OK)
+        if (status != UCS_OK) {
+            if (status != UCS_ERR_CANCELED)
+                kvp_warn("remote: request %llu not sent: %s", (unsigned long long)id,
+                         ucs_status_string(status));
             do_fail_reply(p, KVP_ERR_CONN_LOST);
+        }
         f = do_maybe_done(r, p);
     }
     pthread_mutex_unlock(&r->mu);
@@ -272,7 +282,8 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
         uint64_t m = kvp__mpr_uint(b);
         if (b->err || m > cnt)
             return KVP_ERR_PROTOCOL;
-        *op->prefix_len = (size_t)m;
+        if (m < cnt && off + m < p->parent->prefix)
+            p->parent->prefix = off + (size_t)m;
         break;
     }
     case KVP_WOP_REMOVE_ALL: {
@@ -860,17 +871,18 @@ nomem:
     return KVP_ERR_NO_MEMORY;
 }
 
-/* Puts are cut into slices whose header fits an AM header. */
-static uint32_t put_slice_len(const kvp_op_t *op, uint32_t off)
+/* Keys in the request starting at `off`. */
+static uint32_t slice_len(const kvp_op_t *op, uint32_t off)
 {
+    uint32_t left = (uint32_t)op->n - off;
+    uint32_t n = left < KVP_SLICE_KEYS ? left : KVP_SLICE_KEYS;
+    if (op->type != KVP_OP_PUT)
+        return n;
     size_t bytes = 64;
-    uint32_t n = 0;
-    while (off + n < op->n) {
-        size_t k = op->keys[off + n].len + 16u;
-        if (n && bytes + k > KVP_AM_HDR_MAX)
-            break;
-        bytes += k;
-        n++;
+    for (uint32_t i = 0; i < n; i++) {
+        bytes += op->keys[off + i].len + 16u;
+        if (i && bytes > KVP_AM_HDR_MAX)
+            return i;
     }
     return n;
 }
@@ -893,16 +905,17 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op)
     if (!oc)
         return KVP_ERR_NO_MEMORY;
     oc->op = op;
+    oc->prefix = n;
     uint32_t nslices = 1;
-    if (wop == KVP_WOP_PUT) {
+    if (n) {
         nslices = 0;
-        for (uint32_t off = 0; off < n; off += put_slice_len(op, off))
+        for (uint32_t off = 0; off < n; off += slice_len(op, off))
             nslices++;
     }
     oc->left = nslices;
     uint32_t off = 0, posted = 0;
     for (uint32_t i = 0; i < nslices; i++) {
-        uint32_t cnt = wop == KVP_WOP_PUT ? put_slice_len(op, off) : n;
+        uint32_t cnt = n ? slice_len(op, off) : 0;
         st = post_slice(r, oc, wop, off, cnt);
         if (st != KVP_INPROGRESS)
             break;
@@ -915,7 +928,7 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op)
     pthread_mutex_lock(&r->mu);
     if (oc->status == KVP_OK)
         oc->status = st;
-    for (uint32_t k = off; k < n && wop == KVP_WOP_PUT; k++)
+    for (uint32_t k = off; k < n && op->results; k++)
         op->results[k].status = st;
     oc->left -= nslices - posted;
     int last = oc->left == 0;

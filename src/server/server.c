@@ -18,6 +18,7 @@
 #include "server/server.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -910,6 +911,14 @@ static void loop(server_t *s)
 kvp_status_t kvp__server_run(const kvp__server_params_t *params)
 {
     kvp_status_t st;
+    /* Block the stop signals before any thread exists (UCX starts some), so
+     * every thread inherits the mask and they arrive only via the signalfd. */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
     server_t *s = kvp__calloc(1, sizeof *s);
     if (!s)
         return KVP_ERR_NO_MEMORY;
@@ -956,12 +965,6 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
         if (st != KVP_OK)
             goto err_listener;
     }
-    sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGINT);
-    sigprocmask(SIG_BLOCK, &mask, NULL);
-    signal(SIGPIPE, SIG_IGN);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     struct itimerspec its = {{1, 0}, {1, 0}};

@@ -64,8 +64,11 @@ static int evict_one(kvp__store_t *s)
 {
     for (int attempt = 0; attempt < 4; attempt++) {
         uint32_t i = pick_shard(s, kvp__ticks_now(), attempt > 0);
-        if (i == UINT32_MAX)
-            return 0;
+        if (i == UINT32_MAX) {
+            if (attempt > 0)
+                return 0; /* a full scan found nothing evictable */
+            continue;     /* the sample was unlucky: scan every shard */
+        }
         kvp__shard_t *sh = &s->shards[i];
         pthread_mutex_lock(&sh->lock);
         kvp__obj_t *o = do_tail_victim(sh);

@@ -83,6 +83,7 @@ kvp_status_t kvp__store_create(const kvp__store_params_t *params, kvp__store_t *
     pthread_mutex_init(&s->alloc_lock, NULL);
     pthread_mutex_init(&s->evict_lock, NULL);
     pthread_mutex_init(&s->resv_lock, NULL);
+    atomic_init(&s->resv_oldest_ns, UINT64_MAX);
     kvp_info("store: arena %llu bytes (%s%s), %u shards", (unsigned long long)s->mem.size,
              s->mem.kind == KVP_MEM_MEMFD ? "memfd" : "anonymous", s->mem.huge ? ", hugetlb" : "",
              s->nshards);
@@ -182,6 +183,7 @@ static void resv_unlink(kvp__store_t *s, kvp__resv_t *r)
     r->prev = r->next = NULL;
     r->linked = 0;
     s->resv_count--;
+    atomic_store(&s->resv_oldest_ns, s->resv_head ? s->resv_head->deadline_ns : UINT64_MAX);
 }
 
 uint64_t kvp__store_reap(kvp__store_t *s)
@@ -226,7 +228,7 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
     }
     pthread_mutex_unlock(&sh->lock);
 
-    if (s->resv_head && s->resv_head->deadline_ns <= now_ns(s))
+    if (atomic_load_explicit(&s->resv_oldest_ns, memory_order_relaxed) <= now_ns(s))
         (void)kvp__store_reap(s);
 
     kvp__resv_t *r = kvp__calloc(1, sizeof *r);
@@ -265,6 +267,7 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
     s->resv_tail = r;
     r->linked = 1;
     s->resv_count++;
+    atomic_store(&s->resv_oldest_ns, s->resv_head->deadline_ns);
     pthread_mutex_unlock(&s->resv_lock);
 
     *resv_p = r;
@@ -604,15 +607,18 @@ void kvp__store_stats(kvp__store_t *s, kvp_pool_stats_t *st)
         st->evicted_bytes += sh->evicted_bytes;
         st->index_bytes += sh->index_bytes;
     }
+    /* Read while every shard is locked: objects enter the index after their
+     * space is allocated and leave it before it is freed, so this snapshot
+     * always has live_bytes <= used_bytes. */
+    st->used_bytes = atomic_load(&s->used_bytes);
+    st->leased = atomic_load(&s->leases);
     for (uint32_t i = s->nshards; i-- > 0;)
         pthread_mutex_unlock(&s->shards[i].lock);
     st->index_bytes += sizeof(kvp__shard_t) * s->nshards;
     st->capacity_bytes = s->tlsf.size;
-    st->used_bytes = atomic_load(&s->used_bytes);
     st->high_watermark_bytes = s->high_bytes;
     st->low_watermark_bytes = s->low_bytes;
     st->put_no_space = atomic_load(&s->put_no_space);
-    st->leased = atomic_load(&s->leases);
     pthread_mutex_lock(&s->resv_lock);
     st->reserved = s->resv_count;
     st->expired_put = s->expired_put;

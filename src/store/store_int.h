@@ -75,6 +75,7 @@ struct kvp__store {
     pthread_mutex_t resv_lock;
     kvp__resv_t *resv_head, *resv_tail;
     uint64_t resv_count;               /* under resv_lock */
+    _Atomic uint64_t resv_oldest_ns;   /* deadline of resv_head (UINT64_MAX if none), for unlocked checks */
     uint64_t expired_put;              /* under resv_lock */
 
     _Atomic uint64_t put_no_space;

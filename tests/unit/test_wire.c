@@ -1,0 +1,240 @@
+/* Unit tests of the wire codec (src/net/wire.c) and the MessagePack reader
+ * and writer under it: round trips, and every kind of bad input a peer can
+ * send (truncation, wrong version, counts and lengths past the limits). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mp.h"
+#include "net/handshake.h"
+#include "net/wire.h"
+#include "test.h"
+
+static kvp_key_t g_keys[KVP_BATCH_MAX];
+static uint64_t g_sizes[KVP_BATCH_MAX];
+
+TEST(test_wire_request_round_trip)
+{
+    kvp_key_t keys[3] = {kvp_key_str("a"), kvp_key_str("model@tp_rank:0@ff"), kvp_key_str("z")};
+    uint64_t sizes[3] = {1, 1 << 20, 4096};
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 77, 1500, 0xfeedbeefcafef00dull, keys, 3, sizes);
+    ASSERT(!w.err);
+    kvp__wire_req_t rq;
+    ASSERT_OK(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX));
+    ASSERT_EQ(rq.op, KVP_WOP_PUT);
+    ASSERT_EQ(rq.req_id, 77);
+    ASSERT_EQ(rq.timeout_ms, 1500);
+    ASSERT(rq.conn_key == 0xfeedbeefcafef00dull);
+    ASSERT_EQ(rq.nkeys, 3);
+    ASSERT_EQ(rq.payload, 1 + (1 << 20) + 4096);
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(rq.keys[i].len, keys[i].len);
+        ASSERT_MEM_EQ(rq.keys[i].data, keys[i].data, keys[i].len);
+        ASSERT_EQ(rq.sizes[i], sizes[i]);
+    }
+    kvp__mpw_free(&w);
+}
+
+TEST(test_wire_every_op_round_trips)
+{
+    kvp_key_t k = kvp_key_str("key");
+    uint64_t sz = 10;
+    for (uint32_t op = 0; op <= KVP_WOP_MAX; op++) {
+        kvp__mpw_t w;
+        kvp__mpw_init(&w, NULL, 0);
+        int sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET;
+        kvp__wire_req_encode(&w, op, op + 1, 0, 5, &k, 1, sizes ? &sz : NULL);
+        kvp__wire_req_t rq;
+        ASSERT_OK(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX));
+        ASSERT_EQ(rq.op, op);
+        ASSERT_EQ(rq.req_id, op + 1);
+        kvp__mpw_free(&w);
+    }
+}
+
+TEST(test_wire_truncated_requests_rejected)
+{
+    kvp_key_t keys[2] = {kvp_key_str("k1"), kvp_key_str("k2")};
+    uint64_t sizes[2] = {5, 6};
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_GET, 1, 0, 9, keys, 2, sizes);
+    kvp__wire_req_t rq;
+    for (size_t n = 0; n < w.len; n++)
+        ASSERT_EQ(kvp__wire_req_decode(w.buf, n, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    /* Trailing garbage is refused too. */
+    uint8_t *longer = malloc(w.len + 1);
+    memcpy(longer, w.buf, w.len);
+    longer[w.len] = 0xc0;
+    ASSERT_EQ(kvp__wire_req_decode(longer, w.len + 1, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    free(longer);
+    kvp__mpw_free(&w);
+}
+
+TEST(test_wire_wrong_version_and_unknown_op)
+{
+    uint8_t buf[64];
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp__mpw_array(&w, 5);
+    kvp__mpw_uint(&w, 2); /* version 2 */
+    kvp__mpw_uint(&w, KVP_WOP_STATS);
+    kvp__mpw_uint(&w, 1);
+    kvp__mpw_uint(&w, 0);
+    kvp__mpw_uint(&w, 1);
+    kvp__wire_req_t rq;
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_VERSION);
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp__mpw_array(&w, 5);
+    kvp__mpw_uint(&w, KVP_WIRE_VERSION);
+    kvp__mpw_uint(&w, 99); /* unknown op */
+    kvp__mpw_uint(&w, 1);
+    kvp__mpw_uint(&w, 0);
+    kvp__mpw_uint(&w, 1);
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+}
+
+TEST(test_wire_limits_enforced)
+{
+    kvp__wire_req_t rq;
+    kvp__mpw_t w;
+    /* A key of 513 bytes. */
+    char big[600];
+    memset(big, 'k', sizeof big);
+    kvp_key_t k = {big, 513};
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_EXISTS, 1, 0, 1, &k, 1, NULL);
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    kvp__mpw_free(&w);
+    /* An empty key. */
+    k.len = 0;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_EXISTS, 1, 0, 1, &k, 1, NULL);
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    kvp__mpw_free(&w);
+    /* A count that claims more keys than the caller allows. */
+    k.len = 3;
+    kvp_key_t ks[4] = {k, k, k, k};
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_EXISTS, 1, 0, 1, ks, 4, NULL);
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, 3), KVP_ERR_PROTOCOL);
+    kvp__mpw_free(&w);
+    /* A put of 0 bytes, and one over the value limit. */
+    uint64_t sz = 0;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 1, 0, 1, &k, 1, &sz);
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    kvp__mpw_free(&w);
+    sz = KVP_VALUE_MAX + 1;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 1, 0, 1, &k, 1, &sz);
+    ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    kvp__mpw_free(&w);
+    /* An array header claiming 2^32-1 entries in a short message. */
+    uint8_t evil[] = {0x96, 0x01, 0x02, 0x01, 0x00, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff};
+    ASSERT_EQ(kvp__wire_req_decode(evil, sizeof evil, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    /* Oversized header. */
+    ASSERT_EQ(kvp__wire_req_decode(evil, KVP_WIRE_HEADER_MAX + 1, &rq, g_keys, g_sizes, KVP_BATCH_MAX),
+              KVP_ERR_PROTOCOL);
+}
+
+TEST(test_wire_reply_round_trip)
+{
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_reply_begin(&w, KVP_WOP_GET, 42, KVP_OK, 1);
+    kvp__mpw_array(&w, 2);
+    kvp__mpw_array(&w, 2);
+    kvp__mpw_int(&w, KVP_OK);
+    kvp__mpw_uint(&w, 1234);
+    kvp__mpw_array(&w, 2);
+    kvp__mpw_int(&w, KVP_ERR_NOT_FOUND);
+    kvp__mpw_uint(&w, 0);
+    kvp__wire_reply_t rep;
+    ASSERT_OK(kvp__wire_reply_decode(w.buf, w.len, &rep));
+    ASSERT_EQ(rep.op, KVP_WOP_GET);
+    ASSERT_EQ(rep.req_id, 42);
+    ASSERT_EQ(rep.status, KVP_OK);
+    ASSERT_EQ(kvp__mpr_array(&rep.body, 10), 2);
+    ASSERT_EQ(kvp__mpr_array(&rep.body, 2), 2);
+    ASSERT_EQ(kvp__mpr_int(&rep.body), KVP_OK);
+    ASSERT_EQ(kvp__mpr_uint(&rep.body), 1234);
+    ASSERT_EQ(kvp__mpr_array(&rep.body, 2), 2);
+    ASSERT_EQ(kvp__mpr_int(&rep.body), KVP_ERR_NOT_FOUND);
+    ASSERT_EQ(kvp__mpr_uint(&rep.body), 0);
+    ASSERT(kvp__mpr_done(&rep.body));
+    for (size_t n = 0; n < 5; n++)
+        ASSERT(kvp__wire_reply_decode(w.buf, n, &rep) != KVP_OK);
+    kvp__mpw_free(&w);
+}
+
+TEST(test_mp_ints_and_skip)
+{
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, NULL, 0);
+    int64_t vals[] = {0, 1, 127, 128, 255, 256, 65535, 65536, (int64_t)1 << 40, -1, -32, -33, -1000000, INT64_MIN};
+    size_t n = sizeof vals / sizeof vals[0];
+    kvp__mpw_array(&w, (uint32_t)n + 1);
+    for (size_t i = 0; i < n; i++)
+        kvp__mpw_int(&w, vals[i]);
+    kvp__mpw_str(&w, "hello", 5);
+    kvp__mpr_t r;
+    kvp__mpr_init(&r, w.buf, w.len);
+    ASSERT_EQ(kvp__mpr_array(&r, 100), n + 1);
+    for (size_t i = 0; i < n; i++)
+        ASSERT(kvp__mpr_int(&r) == vals[i]);
+    uint32_t len;
+    const uint8_t *p = kvp__mpr_bytes(&r, 10, &len);
+    ASSERT_EQ(len, 5);
+    ASSERT_MEM_EQ(p, "hello", 5);
+    ASSERT(kvp__mpr_done(&r));
+    kvp__mpr_init(&r, w.buf, w.len);
+    kvp__mpr_skip(&r);
+    ASSERT(kvp__mpr_done(&r));
+    kvp__mpw_free(&w);
+    /* Deep nesting is refused, not recursed into without bound. */
+    uint8_t deep[100];
+    memset(deep, 0x91, sizeof deep);
+    kvp__mpr_init(&r, deep, sizeof deep);
+    kvp__mpr_skip(&r);
+    ASSERT(!kvp__mpr_ok(&r));
+}
+
+TEST(test_handshake_hello_parse)
+{
+    uint8_t buf[128];
+    memcpy(buf, "KVPH", 4);
+    buf[4] = 0;
+    buf[5] = 1; /* version */
+    buf[6] = 0;
+    buf[7] = 3; /* token len */
+    buf[8] = buf[9] = buf[10] = 0;
+    buf[11] = 5; /* addr len */
+    memcpy(buf + 12, "tokADDRS", 8);
+    kvp__hs_hello_t h;
+    size_t used;
+    for (size_t n = 0; n < 20; n++)
+        ASSERT_EQ(kvp__hs_parse_hello(buf, n, &h, &used), KVP_INPROGRESS);
+    ASSERT_OK(kvp__hs_parse_hello(buf, 20, &h, &used));
+    ASSERT_EQ(used, 20);
+    ASSERT_EQ(h.token_len, 3);
+    ASSERT_MEM_EQ(h.token, "tok", 3);
+    ASSERT_EQ(h.addr_len, 5);
+    buf[0] = 'X';
+    ASSERT_EQ(kvp__hs_parse_hello(buf, 1, &h, &used), KVP_ERR_PROTOCOL);
+    buf[0] = 'K';
+    buf[5] = 9;
+    ASSERT_EQ(kvp__hs_parse_hello(buf, 20, &h, &used), KVP_ERR_VERSION);
+    buf[5] = 1;
+    buf[6] = 0xff; /* token too long */
+    ASSERT_EQ(kvp__hs_parse_hello(buf, 20, &h, &used), KVP_ERR_PROTOCOL);
+    buf[6] = 0;
+    buf[8] = 0x7f; /* address too long */
+    ASSERT_EQ(kvp__hs_parse_hello(buf, 20, &h, &used), KVP_ERR_PROTOCOL);
+}
+
+TEST_LIST(T(test_wire_request_round_trip), T(test_wire_every_op_round_trips),
+          T(test_wire_truncated_requests_rejected), T(test_wire_wrong_version_and_unknown_op),
+          T(test_wire_limits_enforced), T(test_wire_reply_round_trip), T(test_mp_ints_and_skip),
+          T(test_handshake_hello_parse))
