@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -90,8 +91,7 @@ typedef struct server {
     uint64_t inflight;          /* requests not yet answered */
     kvp_key_t *keys_buf;
     uint64_t *sizes_buf;
-    char *discard;              /* sink for put bytes of keys not stored */
-    uint64_t discard_cap;
+    char *discard;              /* sink for put bytes of keys not stored (see handle_put) */
     kvp__metrics_t *metrics;
     kvp__server_counters_t ctr;
 } server_t;
@@ -292,7 +292,7 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
     *pc = (put_ctx_t){s, c, rq->req_id, n, kvp__now_ns(), resv, res, iov};
     c->inflight++;
     s->inflight++;
-    uint64_t max_skip = 0;
+    uint32_t stored = 0;
     for (uint32_t i = 0; i < n; i++) {
         void *dst = NULL;
         uint32_t flags = 0;
@@ -305,26 +305,16 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
                                     &resv[i], &dst, &flags);
         res[i].status = st;
         res[i].flags = flags;
-        iov[i].buffer = dst;
+        iov[i].buffer = dst ? dst : s->discard;
         iov[i].length = rq->sizes[i];
-        if (!dst && rq->sizes[i] > max_skip)
-            max_skip = rq->sizes[i];
+        stored += dst != NULL;
     }
-    if (max_skip > s->discard_cap) {
-        kvp__free(s->discard, s->discard_cap);
-        s->discard = kvp__malloc(max_skip);
-        s->discard_cap = s->discard ? max_skip : 0;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        if (iov[i].buffer)
-            continue;
-        if (!s->discard) {
-            /* Returning without receiving drops a rendezvous descriptor:
-             * the sender's put completes, and the reply says why. */
-            put_finish(pc, UCS_ERR_NO_MEMORY);
-            return UCS_OK;
-        }
-        iov[i].buffer = s->discard;
+    if (stored == 0) {
+        /* Nothing to keep (every key existed or had no space): returning
+         * without receiving drops a rendezvous descriptor, so those bytes
+         * never even cross; the reply says what happened to each key. */
+        put_finish(pc, UCS_OK);
+        return UCS_OK;
     }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         /* Eager: the bytes are here already. */
@@ -926,7 +916,15 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     s->epfd = -1;
     s->keys_buf = kvp__calloc(KVP_BATCH_MAX, sizeof *s->keys_buf);
     s->sizes_buf = kvp__calloc(KVP_BATCH_MAX, sizeof *s->sizes_buf);
-    if (!s->keys_buf || !s->sizes_buf) {
+    /* The sink for the bytes of keys a batch put does not store (they
+     * existed): one address range as large as the largest value, reserved
+     * but never backed until written, and never freed while the server
+     * runs, so receives in flight can always write into it. */
+    s->discard = mmap(NULL, KVP_VALUE_MAX, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s->discard == MAP_FAILED)
+        s->discard = NULL;
+    if (!s->keys_buf || !s->sizes_buf || !s->discard) {
         st = KVP_ERR_NO_MEMORY;
         goto err_bufs;
     }
@@ -1001,7 +999,8 @@ err_ucx:
 err_store:
     kvp__store_destroy(s->store);
 err_bufs:
-    kvp__free(s->discard, s->discard_cap);
+    if (s->discard)
+        munmap(s->discard, KVP_VALUE_MAX);
     kvp__free(s->keys_buf, KVP_BATCH_MAX * sizeof *s->keys_buf);
     kvp__free(s->sizes_buf, KVP_BATCH_MAX * sizeof *s->sizes_buf);
     kvp__free(s, sizeof *s);

@@ -61,9 +61,13 @@ static void server_start(server_t *s, const char *memory, uint16_t port, const c
     ASSERT(s->pid >= 0);
     if (s->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        int devnull = open("/dev/null", O_WRONLY);
-        if (!getenv("KVP_TEST_SERVER_LOG"))
-            dup2(devnull, 2);
+        /* The server's log goes to <dir>/server.log (kept for post-mortems),
+         * or to the test's stderr with KVP_TEST_SERVER_LOG=1. */
+        char logf[160];
+        snprintf(logf, sizeof logf, "%s/server.log", s->dir);
+        int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (!getenv("KVP_TEST_SERVER_LOG") && logfd >= 0)
+            dup2(logfd, 2);
         if (token)
             execl(bin, bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
                   "--token-file", tokfile, "--log-level", "warn", (char *)NULL);
@@ -91,12 +95,26 @@ static void server_start(server_t *s, const char *memory, uint16_t port, const c
     ASSERT_MSG(0, "server did not start");
 }
 
+/* Prints the server's log when it ended other than by the signal we sent. */
+static void server_postmortem(server_t *s, int st, int sig)
+{
+    if (WIFSIGNALED(st) && WTERMSIG(st) == sig)
+        return;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "tail -n 40 %s/server.log >&2", s->dir);
+    fprintf(stderr, "  server ended with status 0x%x; its log:\n", st);
+    (void)!system(cmd);
+}
+
 static int server_stop(server_t *s, int sig)
 {
     int st = 0;
     if (s->pid > 0) {
         kill(s->pid, sig);
         waitpid(s->pid, &st, 0);
+        server_postmortem(s, st, sig);
         s->pid = 0;
     }
     return st;
@@ -335,6 +353,12 @@ TEST(test_server_64_connections_mixed_load_verified)
         int st;
         waitpid(kids[pi], &st, 0);
         failures += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    int sst;
+    if (waitpid(s.pid, &sst, WNOHANG) == s.pid) {
+        server_postmortem(&s, sst, 0);
+        s.pid = 0;
+        ASSERT_MSG(0, "the server died under load");
     }
     ASSERT_EQ(failures, 0);
     kvp_pool_t *p = open_ok(s.uri);
