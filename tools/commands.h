@@ -7,6 +7,14 @@
 #define KVP_TOOLS_COMMANDS_H
 
 int kvp_cmd_bench(int argc, char **argv);
+int kvp_cmd_server(int argc, char **argv);
+int kvp_cmd_ec_sched_replay(int argc, char **argv); int kvp_bench_ec_scheduler(int argc, char **argv);
+int kvp_cmd_hash(int argc, char **argv);
+int kvp_cmd_put(int argc, char **argv); int kvp_cmd_get(int argc, char **argv);
+int kvp_cmd_exists(int argc, char **argv); int kvp_cmd_rm(int argc, char **argv);
+int kvp_cmd_reset(int argc, char **argv); int kvp_cmd_stats(int argc, char **argv);
+int kvp_cmd_bench_baseline(int argc, char **argv);
+int kvp_cmd_kv_sched_replay(int argc, char **argv); int kvp_bench_kv_scheduler(int argc, char **argv);
 
 
 #endif

@@ -11,7 +11,18 @@ typedef struct {
 } kvp_command_t;
 
 static const kvp_command_t g_commands[] = {
+    {"server", kvp_cmd_server, "run a pool server (kvpool://HOST:PORT) over UCX"},
     {"bench", kvp_cmd_bench, "benchmark a pool (put|get|mixed|exists|prefix) against memcpy"},
+    {"ec-sched-replay", kvp_cmd_ec_sched_replay, "replay an ec-sched-replay v1 stream through the C EC scheduler"},
+    {"kv-sched-replay", kvp_cmd_kv_sched_replay, "replay a kv-sched-replay v1 stream through the C KV scheduler"},
+    {"hash", kvp_cmd_hash, "print vLLM-compatible chained block hashes of a token list"},
+    {"put", kvp_cmd_put, "store a file's contents under a key"},
+    {"get", kvp_cmd_get, "write a key's value to a file (atomically)"},
+    {"exists", kvp_cmd_exists, "print 1 or 0 per key: is it in the pool"},
+    {"rm", kvp_cmd_rm, "remove a key"},
+    {"reset", kvp_cmd_reset, "drop every object in the pool"},
+    {"stats", kvp_cmd_stats, "print a pool's statistics (--json for scripts)"},
+    {"bench-baseline", kvp_cmd_bench_baseline, "baselines for bench/compare.sh: memcpy, tcp-raw, redis"},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,472 @@
+/*
+ * kvpool KV connector, scheduler side (connectors-spec §2: the Mooncake store
+ * connector's MooncakeStoreScheduler, rules K1–K18, re-implemented in C).
+ *
+ * The scheduler decides, per engine step, which requests load KV from the pool
+ * and which save newly computed blocks to it.  It sees the engine only through
+ * plain C views (kvp_kv_request_t, kvp_kv_sched_output_t) and talks to the
+ * lookup service through an interface (kvp_kv_lookup_client_t) so that the
+ * ZeroMQ client, an in-process pool lookup and a scripted client for tests all
+ * plug in.
+ *
+ * Fidelity.  By default every decision is exactly the original's, its three
+ * quirks included (K9: a preempted id stays in the unfinished-id set; K12: a
+ * running request that gets no new blocks in a step is not saved that step;
+ * K13: a deferred load whose allocation reported 0 external tokens becomes a
+ * save).  On a call the original would fail (an assertion, a KeyError, ...)
+ * the C scheduler performs the same steps in the same order, stops at the same
+ * point (keeping the effects made before it, as the original does), logs one
+ * line and returns an error status; kvp_kv_sched_last_error() names the kind.
+ * Nothing aborts; other requests keep being served.
+ *
+ * Threads.  A scheduler is used by one thread at a time (the engine's
+ * scheduler loop), like the original.
+ */
+#ifndef KVPOOL_KV_CONNECTOR_H
+#define KVPOOL_KV_CONNECTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef KVP_API
+#define KVP_API __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Configuration and block sizes (§2.1, §2.2)                                */
+/* ------------------------------------------------------------------------- */
+
+typedef enum kvp_kv_role {
+    KVP_KV_ROLE_PRODUCER = 0, /* kv_producer: saves, may load */
+    KVP_KV_ROLE_CONSUMER = 1, /* kv_consumer: loads only, never saves */
+    KVP_KV_ROLE_BOTH = 2,     /* kv_both */
+} kvp_kv_role_t;
+
+/* Parses "kv_producer" / "kv_consumer" / "kv_both". KVP_ERR_BAD_CONFIG otherwise. */
+KVP_API kvp_status_t kvp_kv_role_parse(const char *s, kvp_kv_role_t *role_p);
+/* "kv_producer" etc.; never NULL. */
+KVP_API const char *kvp_kv_role_name(kvp_kv_role_t role);
+
+/* Kinds of KV-cache groups (vLLM's KVCacheSpec families). */
+typedef enum kvp_kv_spec_kind {
+    KVP_KV_SPEC_FULL_ATTENTION = 0,
+    KVP_KV_SPEC_SLIDING_WINDOW = 1,
+    KVP_KV_SPEC_MAMBA = 2,
+} kvp_kv_spec_kind_t;
+
+typedef struct kvp_kv_cache_group {
+    kvp_kv_spec_kind_t kind;
+    int64_t block_size;      /* tokens per block of this group (> 0) */
+    bool mamba_align_mode;   /* Mamba only: mamba_cache_mode == "align" */
+} kvp_kv_cache_group_t;
+
+/* Inputs of resolve_kv_cache_block_sizes besides the groups. */
+typedef struct kvp_kv_block_params {
+    int64_t cache_block_size;   /* cache_config.block_size (> 0) */
+    int64_t hash_block_size;    /* cache_config.hash_block_size; 0 = not set */
+    int64_t dcp_size, pcp_size; /* decode/prefill context parallel sizes (>= 1) */
+    bool prefix_caching;        /* enable_prefix_caching */
+    bool kv_connector;          /* a KV connector is configured (true for us) */
+} kvp_kv_block_params_t;
+
+typedef struct kvp_kv_block_sizes {
+    int64_t block_size;      /* scheduler block size (the save/load unit) */
+    int64_t hash_block_size; /* granularity of request block hashes */
+    bool partial_hits;       /* partial_hash_hits_enabled(): lookups at hash granularity */
+} kvp_kv_block_sizes_t;
+
+/*
+ * Derives (scheduler block size, hash block size, partial-hit flag) from the
+ * KV-cache groups as vLLM does (§2.2):
+ *   - 0 or 1 group: both sizes = cache_block_size * dcp * pcp.
+ *   - several groups: dcp or pcp != 1 is an error; scheduler = lcm of group
+ *     sizes; hash = scheduler if neither prefix caching nor a connector is on,
+ *     or if a Mamba group's block size differs from cache_block_size (not
+ *     "align" mode); else hash_block_size if set, else gcd of group sizes, and
+ *     then every group size must be divisible by hash.
+ *   - partial_hits: some Mamba group in align mode with block_size > hash.
+ * [in] groups: n entries (may be NULL when n == 0). [out] out_p.
+ * Returns KVP_OK, KVP_ERR_NULL_POINTER, KVP_ERR_BAD_CONFIG (logged).
+ */
+KVP_API kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size_t n,
+                                                const kvp_kv_block_params_t *params,
+                                                kvp_kv_block_sizes_t *out_p);
+
+/* Scheduler configuration.  Initialise with kvp_kv_config_init() (defaults of
+ * §2.1) and set what differs; new fields will only ever be appended. */
+typedef struct kvp_kv_config {
+    kvp_kv_role_t kv_role;     /* default KVP_KV_ROLE_BOTH */
+    bool load_async;           /* default true: 2nd return of get_num_new_matched_tokens */
+    bool lookup_async;         /* default false: lookups are non-blocking */
+    bool enable_lookup;        /* default true: false answers (0, false) without lookup */
+    int64_t block_size;        /* scheduler block size, default 16 */
+    int64_t hash_block_size;   /* default 16; block_size must be a multiple of it */
+    bool partial_hits;         /* default false; needs block_size > hash_block_size */
+    const char *model_name;    /* copied; NULL = "" (store keys, §2.3) */
+    const char *cache_prefix;  /* copied; NULL = "" */
+    int32_t tp_size, pp_size, pcp_size, dcp_size; /* default 1 each */
+    int32_t num_kv_heads;      /* default 1 */
+    bool use_mla;              /* default false */
+    /* Quirk switches (all false = the original's decisions, exactly).
+     * fix_k12_save_without_new_blocks: a running request in prefill whose
+     * step brought no new blocks still grows its token_len and is saved when
+     * it crosses a block boundary (the original skips it; see kv_sched.c,
+     * "K12 quirk").  K9 and K13 have no switch: their effects on workers
+     * are benign (K9: a preempted id stays listed until the request
+     * finishes; K13: the odd save carries the stored ids `()`, so there is
+     * no block to write). */
+    bool fix_k12_save_without_new_blocks;
+} kvp_kv_config_t;
+
+KVP_API void kvp_kv_config_init(kvp_kv_config_t *cfg);
+/* Checks a config: KVP_OK or KVP_ERR_BAD_CONFIG (logged). */
+KVP_API kvp_status_t kvp_kv_config_validate(const kvp_kv_config_t *cfg);
+
+/* ------------------------------------------------------------------------- */
+/* Plain views of the engine's objects                                       */
+/* ------------------------------------------------------------------------- */
+
+/* One list of block ids. */
+typedef struct kvp_kv_ids {
+    const int64_t *ids; /* n entries; may be NULL when n == 0 */
+    size_t n;
+} kvp_kv_ids_t;
+
+/* Block ids per KV-cache group (vLLM's tuple of lists).  num_groups == 0 is
+ * the empty tuple, and also stands for None where vLLM allows None. */
+typedef struct kvp_kv_blocks {
+    const kvp_kv_ids_t *groups;
+    uint32_t num_groups;
+} kvp_kv_blocks_t;
+
+/*
+ * A live request (vLLM's Request).  Owned by the caller.  Like the original,
+ * which keeps references to the engine's Request objects, the scheduler keeps
+ * a pointer to the view passed to update_state_after_alloc and reads it again
+ * in later steps: the caller keeps that view alive and current (its counts and
+ * arrays) until build_connector_meta has processed the id in finished_req_ids
+ * (or the scheduler is destroyed).  Block hashes are opaque: hash_len bytes
+ * each, contiguous; block_hashes may be NULL when hash_len is 0 (a count-only
+ * view, e.g. the replay tool).
+ */
+typedef struct kvp_kv_request {
+    const char *req_id;          /* NUL-terminated */
+    int64_t num_tokens;
+    int64_t num_computed_tokens;
+    const int64_t *all_token_ids;
+    size_t num_all_token_ids;
+    const uint8_t *block_hashes;
+    size_t num_block_hashes;
+    uint32_t hash_len;
+} kvp_kv_request_t;
+
+/* num_scheduled_tokens value meaning "no entry for this id" (the original's
+ * dict lookup fails: KeyError). */
+#define KVP_KV_NO_ENTRY INT64_MIN
+
+/* NewRequestData. */
+typedef struct kvp_kv_new_req {
+    const char *req_id;
+    int64_t num_computed_tokens;
+    int64_t num_scheduled_tokens; /* KVP_KV_NO_ENTRY: missing */
+    kvp_kv_blocks_t block_ids;
+    const int64_t *prompt_token_ids;
+    size_t num_prompt_token_ids;
+    const int64_t *prefill_token_ids; /* used when has_prefill_token_ids (MRV2) */
+    size_t num_prefill_token_ids;
+    bool has_prefill_token_ids;
+} kvp_kv_new_req_t;
+
+/* One entry of CachedRequestData. */
+typedef struct kvp_kv_cached_req {
+    const char *req_id;
+    int64_t num_computed_tokens;
+    int64_t num_scheduled_tokens; /* KVP_KV_NO_ENTRY: missing */
+    kvp_kv_blocks_t new_block_ids; /* num_groups 0: None or () */
+    bool resumed;                  /* id in resumed_req_ids */
+} kvp_kv_cached_req_t;
+
+typedef struct kvp_kv_tail_offload {
+    int64_t group_id;
+    int64_t cow_block_id;
+    int64_t boundary_tokens;
+} kvp_kv_tail_offload_t;
+
+/* Partial-tail offloads of one request (one entry of the step's dict). */
+typedef struct kvp_kv_tail_req {
+    const char *req_id;
+    const kvp_kv_tail_offload_t *offloads;
+    size_t num_offloads;
+} kvp_kv_tail_req_t;
+
+/* SchedulerOutput.  finished/preempted are sets: ids must not repeat. */
+typedef struct kvp_kv_sched_output {
+    const char *const *finished_req_ids;
+    size_t num_finished;
+    const char *const *preempted_req_ids;
+    size_t num_preempted;
+    const kvp_kv_new_req_t *new_reqs;
+    size_t num_new_reqs;
+    const kvp_kv_cached_req_t *cached_reqs;
+    size_t num_cached_reqs;
+    const kvp_kv_tail_req_t *partial_tails; /* in dict order; ids must not repeat */
+    size_t num_partial_tails;
+} kvp_kv_sched_output_t;
+
+/* ------------------------------------------------------------------------- */
+/* Connector metadata (scheduler -> every worker, each step)                 */
+/* ------------------------------------------------------------------------- */
+
+typedef struct kvp_kv_load_spec {
+    int64_t vllm_cached_tokens;
+    int64_t kvpool_cached_tokens;
+    bool can_load;
+} kvp_kv_load_spec_t;
+
+#define KVP_KV_TRI_NONE (-1) /* is_last_chunk: None */
+
+/* ReqMeta.  In a meta returned by build_connector_meta, block_ids and
+ * token_ids are views of the tracker's own lists as they stand when the call
+ * returns (the original's metas share the tracker's lists), and block_hashes
+ * a view of the request view's hashes. */
+typedef struct kvp_kv_req_meta {
+    const char *req_id;
+    int64_t token_len_chunk;
+    kvp_kv_blocks_t block_ids;
+    const uint8_t *block_hashes; /* num_block_hashes * hash_len bytes; may be NULL if hash_len 0 */
+    size_t num_block_hashes;
+    uint32_t hash_len;
+    bool can_save;
+    int8_t is_last_chunk;        /* 0, 1 or KVP_KV_TRI_NONE */
+    bool has_load_spec;
+    kvp_kv_load_spec_t load_spec;
+    int64_t num_prompt_tokens;
+    const int64_t *token_ids;    /* None when has_token_ids is false */
+    size_t num_token_ids;
+    bool has_token_ids;
+    const kvp_kv_tail_offload_t *partial_tail_offloads; /* None when num == 0 */
+    size_t num_partial_tail_offloads;
+} kvp_kv_req_meta_t;
+
+/* MooncakeStoreConnectorMetadata.  The id sets are in no particular order. */
+typedef struct kvp_kv_meta {
+    const char *const *unfinished_req_ids;
+    size_t num_unfinished;
+    const char *const *preempted_req_ids;
+    size_t num_preempted;
+    const kvp_kv_req_meta_t *requests;
+    size_t num_requests;
+} kvp_kv_meta_t;
+
+/* Metadata wire format version (first element of the encoding). */
+#define KVP_KV_META_VERSION 1u
+/* Decoder bounds. */
+#define KVP_KV_META_MAX_BYTES (256u << 20)
+#define KVP_KV_META_MAX_ID_LEN 4096u
+
+/*
+ * Encodes a meta as msgpack (a versioned array; see kv_meta_codec.c).
+ * [out] buf_p/len_p: the encoding, allocated; free with kvp_kv_meta_buf_free.
+ * Returns KVP_OK, KVP_ERR_NULL_POINTER, KVP_ERR_NO_MEMORY.
+ */
+KVP_API kvp_status_t kvp_kv_meta_encode(const kvp_kv_meta_t *meta, uint8_t **buf_p, size_t *len_p);
+KVP_API void kvp_kv_meta_buf_free(uint8_t *buf, size_t len);
+
+/*
+ * Decodes an encoding from an untrusted peer.  Every length and count is
+ * bounded before use; bad input returns KVP_ERR_DECODE (or KVP_ERR_VERSION),
+ * logs one line and allocates nothing.  [out] meta_p: one allocation owning
+ * every array and string it points to; free with kvp_kv_meta_free().
+ */
+KVP_API kvp_status_t kvp_kv_meta_decode(const uint8_t *buf, size_t len, kvp_kv_meta_t **meta_p);
+KVP_API void kvp_kv_meta_free(kvp_kv_meta_t *meta);
+
+/* Deep equality of two metas (sets compared as sets); for tests. */
+KVP_API bool kvp_kv_meta_equal(const kvp_kv_meta_t *a, const kvp_kv_meta_t *b);
+
+/* ------------------------------------------------------------------------- */
+/* Lookup client interface (§2.4)                                            */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * What the scheduler needs from LookupKeyClient.  Implementations: the
+ * ZeroMQ client (next issue), an in-process pool lookup, the scripted one
+ * below.  The scheduler does not own the client.
+ *
+ * lookup: hit length in tokens for the request's prefix.  KVP_OK with *hit_p
+ *   set; KVP_INPROGRESS when non_block is set and the answer is not there yet
+ *   (the original's None: the scheduler answers "ask again"; a later call for
+ *   the same id reuses the in-flight lookup); any error is treated as a hit of
+ *   0 (the original client logs and returns 0).
+ * discard: forget/cancel any in-flight lookup of req_id.
+ * reset: remove everything from the store; KVP_OK with *ack_p (true = ACK),
+ *   or an error (the scheduler answers false).
+ */
+typedef struct kvp_kv_lookup_ops {
+    kvp_status_t (*lookup)(void *ctx, const kvp_kv_request_t *req, bool non_block, int64_t *hit_p);
+    void (*discard)(void *ctx, const char *req_id);
+    kvp_status_t (*reset)(void *ctx, bool *ack_p);
+} kvp_kv_lookup_ops_t;
+
+typedef struct kvp_kv_lookup_client {
+    const kvp_kv_lookup_ops_t *ops;
+    void *ctx;
+} kvp_kv_lookup_client_t;
+
+/* A scripted client (tests and the replay tool): it answers what it is told
+ * and records what it is asked. */
+typedef struct kvp_kv_scripted kvp_kv_scripted_t;
+
+typedef enum kvp_kv_reset_reply {
+    KVP_KV_RESET_ACK = 0,
+    KVP_KV_RESET_NACK = 1,
+    KVP_KV_RESET_ERROR = 2,
+} kvp_kv_reset_reply_t;
+
+typedef struct kvp_kv_lookup_call {
+    int64_t num_tokens;
+    size_t num_block_hashes;
+    bool non_block;
+} kvp_kv_lookup_call_t;
+
+KVP_API kvp_status_t kvp_kv_scripted_create(kvp_kv_scripted_t **sc_p);
+KVP_API void kvp_kv_scripted_destroy(kvp_kv_scripted_t *sc);
+/* The client view of it (valid while sc lives). */
+KVP_API kvp_kv_lookup_client_t kvp_kv_scripted_client(kvp_kv_scripted_t *sc);
+/* What lookup() answers from now on: a hit, or "not yet" when pending. */
+KVP_API void kvp_kv_scripted_set_lookup(kvp_kv_scripted_t *sc, int64_t hit, bool pending);
+/* Make lookup() fail (error status) from now on until set_lookup. */
+KVP_API void kvp_kv_scripted_set_lookup_error(kvp_kv_scripted_t *sc);
+KVP_API void kvp_kv_scripted_set_reset(kvp_kv_scripted_t *sc, kvp_kv_reset_reply_t reply);
+/* Calls recorded since the last clear. The pointers stay valid until the next
+ * clear or destroy. */
+KVP_API size_t kvp_kv_scripted_lookups(const kvp_kv_scripted_t *sc, const kvp_kv_lookup_call_t **calls_p);
+KVP_API size_t kvp_kv_scripted_discards(const kvp_kv_scripted_t *sc, const char *const **ids_p);
+KVP_API size_t kvp_kv_scripted_resets(const kvp_kv_scripted_t *sc);
+KVP_API void kvp_kv_scripted_clear(kvp_kv_scripted_t *sc);
+
+/* ------------------------------------------------------------------------- */
+/* The scheduler                                                             */
+/* ------------------------------------------------------------------------- */
+
+typedef struct kvp_kv_sched kvp_kv_sched_t;
+
+/* Which exception the original raises where the C scheduler failed. */
+typedef enum kvp_kv_err_kind {
+    KVP_KV_ERR_NONE = 0,
+    KVP_KV_ERR_ASSERTION, /* an assert of the original (K7, K11, K14) */
+    KVP_KV_ERR_KEY,       /* a missing dict entry (tracker, num_scheduled_tokens) */
+    KVP_KV_ERR_VALUE,     /* not in _unfinished_requests; group count mismatch */
+    KVP_KV_ERR_TYPE,      /* resumed request not in _unfinished_requests */
+    KVP_KV_ERR_OTHER,     /* out of memory etc. */
+} kvp_kv_err_kind_t;
+
+/* "AssertionError", "KeyError", "ValueError", "TypeError", "Error", "" */
+KVP_API const char *kvp_kv_err_kind_name(kvp_kv_err_kind_t kind);
+
+/*
+ * Creates a scheduler.  [in] cfg (copied), client (not owned; must outlive the
+ * scheduler).  Returns KVP_OK, KVP_ERR_NULL_POINTER, KVP_ERR_BAD_CONFIG,
+ * KVP_ERR_NO_MEMORY.
+ */
+KVP_API kvp_status_t kvp_kv_sched_create(const kvp_kv_config_t *cfg, kvp_kv_lookup_client_t client,
+                                         kvp_kv_sched_t **sched_p);
+KVP_API void kvp_kv_sched_destroy(kvp_kv_sched_t *sched);
+
+/* The kind and message of the last failed call's error (KVP_KV_ERR_NONE after
+ * a call that succeeded).  The message is owned by the scheduler. */
+KVP_API kvp_kv_err_kind_t kvp_kv_sched_last_error(const kvp_kv_sched_t *sched, const char **msg_p);
+
+/*
+ * get_num_new_matched_tokens (K1–K5).  [out] num_p: tokens to load from the
+ * pool, or -1 for "not known yet" (async lookup in flight: ask again on a
+ * later step); [out] load_async_p: whether the load is asynchronous.
+ * Returns KVP_OK or KVP_ERR_NULL_POINTER / KVP_ERR_NO_MEMORY.
+ */
+KVP_API kvp_status_t kvp_kv_sched_get_num_new_matched_tokens(kvp_kv_sched_t *sched,
+                                                             const kvp_kv_request_t *req,
+                                                             int64_t num_computed_tokens,
+                                                             int64_t *num_p, bool *load_async_p);
+
+/*
+ * update_state_after_alloc (K6, K7).  [in] req is kept (see kvp_kv_request_t);
+ * blocks is copied.  Returns KVP_OK; KVP_ERR_STATE (ASSERTION) when
+ * num_external_tokens does not match the pending load (K6 has been applied).
+ */
+KVP_API kvp_status_t kvp_kv_sched_update_state_after_alloc(kvp_kv_sched_t *sched,
+                                                           const kvp_kv_request_t *req,
+                                                           const kvp_kv_blocks_t *blocks,
+                                                           int64_t num_external_tokens);
+
+/*
+ * build_connector_meta (K8–K14).  [out] meta_p: owned by the scheduler, valid
+ * until the next build_connector_meta, reset_cache or destroy; its block-hash
+ * pointers are views of the request views (valid while those are).
+ * Returns KVP_OK; on a call the original fails (KVP_ERR_NOT_FOUND: KeyError,
+ * KVP_ERR_STATE: assertion/ValueError/TypeError, KVP_ERR_INVALID_ARG: group
+ * count mismatch) *meta_p is NULL and the effects made before the failing step
+ * stay, as in the original.
+ */
+KVP_API kvp_status_t kvp_kv_sched_build_connector_meta(kvp_kv_sched_t *sched,
+                                                       const kvp_kv_sched_output_t *so,
+                                                       const kvp_kv_meta_t **meta_p);
+
+/*
+ * request_finished (K15–K17).  [out] delay_p: true when the engine must keep
+ * the request's blocks until the worker reports it in done_sending.
+ * block_ids: the request's blocks per group (only counted).
+ */
+KVP_API kvp_status_t kvp_kv_sched_request_finished(kvp_kv_sched_t *sched, const char *req_id,
+                                                   const kvp_kv_blocks_t *block_ids, bool *delay_p);
+/* request_finished_all_groups: same decision, blocks given as one flat count. */
+KVP_API kvp_status_t kvp_kv_sched_request_finished_all_groups(kvp_kv_sched_t *sched,
+                                                              const char *req_id,
+                                                              size_t total_blocks, bool *delay_p);
+
+/* reset_store (K18): asks the lookup service to drop everything.  [out] ok_p:
+ * true on ACK, false on NACK or an RPC error (logged). */
+KVP_API kvp_status_t kvp_kv_sched_reset_store(kvp_kv_sched_t *sched, bool *ok_p);
+
+/* Connector-level reset_cache (K18, scenario 29): clears every pending load
+ * spec, then reset_store.  The caller must have drained in-flight work. */
+KVP_API kvp_status_t kvp_kv_sched_reset_cache(kvp_kv_sched_t *sched, bool *ok_p);
+
+/* Introspection (tests, stats). */
+typedef struct kvp_kv_sched_stats {
+    size_t num_load_specs;
+    size_t num_trackers;
+    size_t num_unfinished;     /* _unfinished_requests */
+    size_t num_unfinished_ids; /* _unfinished_request_ids */
+} kvp_kv_sched_stats_t;
+KVP_API void kvp_kv_sched_stats(const kvp_kv_sched_t *sched, kvp_kv_sched_stats_t *stats_p);
+
+/* A request's tracker (RequestTracker), if any. */
+typedef struct kvp_kv_tracker_info {
+    int64_t token_len;
+    int64_t num_saved_tokens;
+    int64_t prefill_end_tokens;
+    size_t num_token_ids;
+    uint32_t num_groups;
+    size_t num_blocks;  /* over all groups */
+    bool has_pending_offload;
+} kvp_kv_tracker_info_t;
+/* KVP_OK and *info_p, or KVP_ERR_NOT_FOUND. */
+KVP_API kvp_status_t kvp_kv_sched_tracker(const kvp_kv_sched_t *sched, const char *req_id,
+                                          kvp_kv_tracker_info_t *info_p);
+/* KVP_OK and *spec_p, or KVP_ERR_NOT_FOUND. */
+KVP_API kvp_status_t kvp_kv_sched_load_spec(const kvp_kv_sched_t *sched, const char *req_id,
+                                            kvp_kv_load_spec_t *spec_p);
+/* Flags: 1 = in _unfinished_requests, 2 = in _unfinished_request_ids. */
+KVP_API int kvp_kv_sched_membership(const kvp_kv_sched_t *sched, const char *req_id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPOOL_KV_CONNECTOR_H */

@@ -1,0 +1,785 @@
+/*
+ * The transfer table: see ec_table.h for the model.
+ *
+ * The state table (connectors-spec §3.3).  A transfer is created waiting for
+ * the producer's readiness event (or straight from an event that came first,
+ * or as a tombstone by a cancel of an id never seen), becomes AVAILABLE when
+ * the push landed in a consumer reservation, LOADING when handed to the
+ * workers, READY once in the engine's encoder cache, and RESIDENT when the
+ * engine frees it but the pool keeps it for a local hand-off.  Every path out
+ * of that life ends in a tombstone (UNAVAILABLE, EXPIRED, CANCELLED) or the
+ * FAILED dead end; tombstones live 300 s so a late event or a repeated cancel
+ * for the id is recognised and ignored, then expire() drops them (and caps
+ * their number).
+ *
+ *   WAITING_EVENT -> AVAILABLE | UNAVAILABLE | CANCELLED
+ *   AVAILABLE     -> LOADING | EXPIRED | CANCELLED
+ *   LOADING       -> READY | FAILED | CANCELLED
+ *   READY         -> RESIDENT | EXPIRED
+ *   RESIDENT      -> LOADING | EXPIRED
+ *   UNAVAILABLE   -> CANCELLED
+ *   EXPIRED       -> CANCELLED
+ *   FAILED, CANCELLED: none
+ */
+#include "ec/ec_table.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+static const uint16_t g_allowed[KVP_EC_NUM_STATES] = {
+    [KVP_EC_WAITING_EVENT] = KVP__EC_S(KVP_EC_AVAILABLE) | KVP__EC_S(KVP_EC_UNAVAILABLE) | KVP__EC_S(KVP_EC_CANCELLED),
+    [KVP_EC_AVAILABLE] = KVP__EC_S(KVP_EC_LOADING) | KVP__EC_S(KVP_EC_EXPIRED) | KVP__EC_S(KVP_EC_CANCELLED),
+    [KVP_EC_LOADING] = KVP__EC_S(KVP_EC_READY) | KVP__EC_S(KVP_EC_FAILED) | KVP__EC_S(KVP_EC_CANCELLED),
+    [KVP_EC_READY] = KVP__EC_S(KVP_EC_RESIDENT) | KVP__EC_S(KVP_EC_EXPIRED),
+    [KVP_EC_RESIDENT] = KVP__EC_S(KVP_EC_LOADING) | KVP__EC_S(KVP_EC_EXPIRED),
+    [KVP_EC_UNAVAILABLE] = KVP__EC_S(KVP_EC_CANCELLED),
+    [KVP_EC_EXPIRED] = KVP__EC_S(KVP_EC_CANCELLED),
+    [KVP_EC_FAILED] = 0,
+    [KVP_EC_CANCELLED] = 0,
+};
+
+static const char *const g_state_names[KVP_EC_NUM_STATES] = {
+    "WAITING_EVENT", "AVAILABLE", "LOADING", "READY", "RESIDENT", "UNAVAILABLE", "EXPIRED", "FAILED", "CANCELLED",
+};
+
+const char *kvp_ec_state_name(kvp_ec_state_t s)
+{
+    return (unsigned)s < KVP_EC_NUM_STATES ? g_state_names[s] : "UNKNOWN";
+}
+
+bool kvp__ec_transition_allowed(kvp_ec_state_t from, kvp_ec_state_t to)
+{
+    if ((unsigned)from >= KVP_EC_NUM_STATES || (unsigned)to >= KVP_EC_NUM_STATES)
+        return false;
+    return (g_allowed[from] & KVP__EC_S(to)) != 0;
+}
+
+void kvp__ec_strv_free(char **v, size_t n)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < n; i++)
+        kvp__ec_strfree(v[i]);
+    kvp__free(v, n * sizeof *v);
+}
+
+void kvp__ec_spec_free(kvp__ec_spec_t *s)
+{
+    if (!s)
+        return;
+    kvp__ec_strfree(s->mm_hash);
+    kvp__ec_strfree(s->dtype);
+    kvp__ec_strfree(s->transfer_id);
+    if (s->shape)
+        kvp__free(s->shape, s->ndim * sizeof *s->shape);
+    kvp__free(s, sizeof *s);
+}
+
+kvp__ec_spec_t *kvp__ec_spec_clone(const kvp__ec_spec_t *s)
+{
+    kvp__ec_spec_t *c = kvp__calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *s;
+    c->mm_hash = kvp__ec_strdup(s->mm_hash);
+    c->dtype = kvp__ec_strdup(s->dtype);
+    c->transfer_id = kvp__ec_strdup(s->transfer_id);
+    c->shape = s->ndim ? kvp__malloc(s->ndim * sizeof *s->shape) : NULL;
+    if (!c->mm_hash || !c->dtype || !c->transfer_id || (s->ndim && !c->shape)) {
+        if (s->ndim && !c->shape)
+            c->ndim = 0;
+        kvp__ec_spec_free(c);
+        return NULL;
+    }
+    if (s->ndim)
+        memcpy(c->shape, s->shape, s->ndim * sizeof *s->shape);
+    return c;
+}
+
+void kvp__ec_table_init(kvp__ec_table_t *t, int64_t resident_capacity, int64_t tombstone_ttl_ms)
+{
+    memset(t, 0, sizeof *t);
+    t->resident_capacity = resident_capacity;
+    t->tombstone_ttl_ms = tombstone_ttl_ms;
+    kvp__ec_map_init(&t->records);
+    kvp__ec_map_init(&t->hashes);
+    kvp__ec_map_init(&t->unavailable);
+    kvp__ec_map_init(&t->orphan_set);
+}
+
+static void rec_free(kvp__ec_rec_t *r)
+{
+    kvp__ec_strfree(r->tid);
+    kvp__ec_strfree(r->req);
+    kvp__ec_strfree(r->hash);
+    kvp__ec_spec_free(r->spec);
+    kvp__ec_strv_free(r->notified, r->cap_notified);
+    kvp__free(r, sizeof *r);
+}
+
+void kvp__ec_table_cleanup(kvp__ec_table_t *t)
+{
+    kvp__ec_rec_t *r = t->head;
+    while (r) {
+        kvp__ec_rec_t *n = r->next;
+        rec_free(r);
+        r = n;
+    }
+    for (size_t i = 0; i < t->hashes.cap; i++) {
+        if (!t->hashes.slots[i].key)
+            continue;
+        kvp__ec_hent_t *h = t->hashes.slots[i].val;
+        kvp__ec_strfree(h->hash);
+        kvp__free(h, sizeof *h);
+    }
+    kvp__ec_map_cleanup(&t->records);
+    kvp__ec_map_cleanup(&t->hashes);
+    kvp__ec_sset_cleanup(&t->unavailable);
+    kvp__ec_sset_cleanup(&t->orphan_set);
+    kvp__ec_strv_free(t->orphans, t->cap_orphans);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- record-order list ---------------------------------------------------- */
+
+static void order_unlink(kvp__ec_table_t *t, kvp__ec_rec_t *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        t->head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        t->tail = r->prev;
+    r->prev = r->next = NULL;
+}
+
+static void order_append(kvp__ec_table_t *t, kvp__ec_rec_t *r)
+{
+    r->prev = t->tail;
+    r->next = NULL;
+    if (t->tail)
+        t->tail->next = r;
+    else
+        t->head = r;
+    t->tail = r;
+    r->seq = ++t->next_seq;
+}
+
+static void dispatch_unlink(kvp__ec_table_t *t, kvp__ec_rec_t *r)
+{
+    if (!r->in_dispatch)
+        return;
+    if (r->dprev)
+        r->dprev->dnext = r->dnext;
+    else
+        t->dhead = r->dnext;
+    if (r->dnext)
+        r->dnext->dprev = r->dprev;
+    else
+        t->dtail = r->dprev;
+    r->dprev = r->dnext = NULL;
+    r->in_dispatch = false;
+}
+
+static void dispatch_append(kvp__ec_table_t *t, kvp__ec_rec_t *r)
+{
+    if (r->in_dispatch)
+        return; /* an OrderedDict re-assignment keeps the old position */
+    r->dprev = t->dtail;
+    r->dnext = NULL;
+    if (t->dtail)
+        t->dtail->dnext = r;
+    else
+        t->dhead = r;
+    t->dtail = r;
+    r->in_dispatch = true;
+}
+
+/* ---- accounting shared by insert, remove and set_state ------------------- */
+
+static void state_list(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
+{
+    kvp_ec_state_t st = r->state;
+    if (sign < 0) {
+        if (r->sprev)
+            r->sprev->snext = r->snext;
+        else
+            t->shead[st] = r->snext;
+        if (r->snext)
+            r->snext->sprev = r->sprev;
+        else
+            t->stail[st] = r->sprev;
+        r->sprev = r->snext = NULL;
+    } else {
+        r->sprev = t->stail[st];
+        r->snext = NULL;
+        if (t->stail[st])
+            t->stail[st]->snext = r;
+        else
+            t->shead[st] = r;
+        t->stail[st] = r;
+    }
+}
+
+static void account(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
+{
+    state_list(t, r, sign);
+    if (r->hent)
+        r->hent->count[r->state] += (uint32_t)sign;
+    if (kvp__ec_state_terminal(r->state))
+        t->n_terminal += (size_t)(ptrdiff_t)sign;
+    if (r->state == KVP_EC_RESIDENT && r->spec)
+        t->resident_bytes += sign * (__int128)r->spec->nbytes;
+}
+
+static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req, const char *hash, kvp_ec_state_t st,
+                           bool has_deadline, int64_t deadline, kvp__ec_rec_t **rec_p)
+{
+    kvp__ec_rec_t *r = kvp__calloc(1, sizeof *r);
+    if (!r)
+        return KVP_ERR_NO_MEMORY;
+    r->tid = kvp__ec_strdup(tid);
+    r->req = kvp__ec_strdup(req ? req : "");
+    r->hash = kvp__ec_strdup(hash ? hash : "");
+    if (!r->tid || !r->req || !r->hash)
+        goto oom;
+    r->tid_len = strlen(r->tid);
+    r->state = st;
+    r->has_deadline = has_deadline;
+    r->deadline = deadline;
+    kvp__ec_hent_t *h = NULL;
+    bool new_hent = false;
+    if (r->hash[0]) {
+        h = kvp__ec_map_gets(&t->hashes, r->hash);
+        if (!h) {
+            h = kvp__calloc(1, sizeof *h);
+            if (!h)
+                goto oom;
+            h->hash = kvp__ec_strdup(r->hash);
+            if (!h->hash || kvp__ec_map_put(&t->hashes, h->hash, strlen(h->hash), h) != KVP_OK) {
+                kvp__ec_strfree(h->hash);
+                kvp__free(h, sizeof *h);
+                goto oom;
+            }
+            new_hent = true;
+        }
+    }
+    if (kvp__ec_map_put(&t->records, r->tid, r->tid_len, r) != KVP_OK) {
+        if (new_hent) {
+            kvp__ec_map_del(&t->hashes, h->hash, strlen(h->hash));
+            kvp__ec_strfree(h->hash);
+            kvp__free(h, sizeof *h);
+        }
+        goto oom;
+    }
+    if (h) {
+        r->hent = h;
+        r->hprev = h->tail;
+        if (h->tail)
+            h->tail->hnext = r;
+        else
+            h->head = r;
+        h->tail = r;
+    }
+    order_append(t, r);
+    account(t, r, +1);
+    t->version++;
+    *rec_p = r;
+    return KVP_OK;
+oom:
+    rec_free(r);
+    return KVP_ERR_NO_MEMORY;
+}
+
+static void remove_rec(kvp__ec_table_t *t, kvp__ec_rec_t *r)
+{
+    account(t, r, -1);
+    kvp__ec_map_del(&t->records, r->tid, r->tid_len);
+    order_unlink(t, r);
+    dispatch_unlink(t, r);
+    kvp__ec_hent_t *h = r->hent;
+    if (h) {
+        if (r->hprev)
+            r->hprev->hnext = r->hnext;
+        else
+            h->head = r->hnext;
+        if (r->hnext)
+            r->hnext->hprev = r->hprev;
+        else
+            h->tail = r->hprev;
+        if (!h->head) {
+            kvp__ec_map_del(&t->hashes, h->hash, strlen(h->hash));
+            kvp__ec_strfree(h->hash);
+            kvp__free(h, sizeof *h);
+        }
+    }
+    t->version++;
+    rec_free(r);
+}
+
+kvp_status_t kvp__ec_table_set_state(kvp__ec_table_t *t, kvp__ec_rec_t *r, kvp_ec_state_t to, int64_t now)
+{
+    if (!kvp__ec_transition_allowed(r->state, to))
+        return KVP_ERR_STATE;
+    account(t, r, -1);
+    if (kvp__ec_state_terminal(to)) {
+        r->has_deadline = true;
+        r->deadline = now + t->tombstone_ttl_ms;
+    }
+    r->state = to;
+    account(t, r, +1);
+    order_unlink(t, r);
+    order_append(t, r);
+    t->version++;
+    return KVP_OK;
+}
+
+static void set_req_if_empty(kvp__ec_table_t *t, kvp__ec_rec_t *r, const char *req)
+{
+    if (r->req[0] || !req || !req[0])
+        return;
+    char *c = kvp__ec_strdup(req);
+    if (!c)
+        return; /* out of memory: the request id stays unknown (display only) */
+    kvp__ec_strfree(r->req);
+    r->req = c;
+    t->version++;
+}
+
+static void set_deadline(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t deadline)
+{
+    if (r->has_deadline && r->deadline == deadline)
+        return;
+    r->has_deadline = true;
+    r->deadline = deadline;
+    t->version++;
+}
+
+kvp__ec_rec_t *kvp__ec_table_get(const kvp__ec_table_t *t, const char *tid)
+{
+    return kvp__ec_map_gets(&t->records, tid);
+}
+
+bool kvp__ec_table_has_state(const kvp__ec_table_t *t, const char *hash, kvp__ec_stateset_t states)
+{
+    const kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    if (!h)
+        return false;
+    for (int s = 0; s < KVP_EC_NUM_STATES; s++)
+        if ((states & KVP__EC_S(s)) && h->count[s])
+            return true;
+    return false;
+}
+
+static kvp__ec_rec_t *first_for_hash(const kvp__ec_table_t *t, const char *hash, kvp__ec_stateset_t states)
+{
+    if (!kvp__ec_table_has_state(t, hash, states))
+        return NULL;
+    const kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+        if (states & KVP__EC_S(r->state))
+            return r;
+    return NULL;
+}
+
+static kvp_status_t notify_unavailable(kvp__ec_table_t *t, kvp__ec_rec_t *r, const char *req)
+{
+    for (size_t i = 0; i < r->n_notified; i++)
+        if (!strcmp(r->notified[i], req))
+            return KVP_OK;
+    if (r->n_notified == r->cap_notified) {
+        size_t ncap = r->cap_notified ? r->cap_notified * 2 : 2;
+        char **nv = kvp__realloc(r->notified, r->cap_notified * sizeof *nv, ncap * sizeof *nv);
+        if (!nv)
+            return KVP_ERR_NO_MEMORY;
+        memset(nv + r->cap_notified, 0, (ncap - r->cap_notified) * sizeof *nv);
+        r->notified = nv;
+        r->cap_notified = ncap;
+    }
+    char *c = kvp__ec_strdup(req);
+    if (!c)
+        return KVP_ERR_NO_MEMORY;
+    kvp_status_t st = kvp__ec_sset_add(&t->unavailable, req, NULL);
+    if (st != KVP_OK) {
+        kvp__ec_strfree(c);
+        return st;
+    }
+    r->notified[r->n_notified++] = c;
+    return KVP_OK;
+}
+
+static kvp_status_t set_err(kvp_ec_error_t *err_p, kvp_ec_error_t e, kvp_status_t st)
+{
+    if (err_p)
+        *err_p = e;
+    return st;
+}
+
+kvp_status_t kvp__ec_table_wait_for_event(kvp__ec_table_t *t, const char *tid, const char *req, const char *hash,
+                                          int64_t deadline, kvp__ec_rec_t **rec_p, kvp_ec_error_t *err_p)
+{
+    kvp__ec_rec_t *r = kvp__ec_table_get(t, tid);
+    if (!r) {
+        kvp_status_t st = insert(t, tid, req, hash, KVP_EC_WAITING_EVENT, true, deadline, rec_p);
+        return st == KVP_OK ? st : set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
+    }
+    if (r->hash[0] && strcmp(r->hash, hash) != 0)
+        return set_err(err_p, KVP_EC_ERR_VALUE, KVP_ERR_STATE);
+    set_req_if_empty(t, r, req);
+    if (kvp__ec_state_terminal(r->state) && req[0]) {
+        kvp_status_t st = notify_unavailable(t, r, req);
+        if (st != KVP_OK)
+            return set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
+    }
+    *rec_p = r;
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_observe_ready(kvp__ec_table_t *t, kvp__ec_spec_t *spec, int64_t deadline, bool *accepted_p,
+                                         kvp_ec_error_t *err_p)
+{
+    *accepted_p = false;
+    const char *key = spec->transfer_id[0] ? spec->transfer_id : spec->mm_hash;
+    kvp__ec_rec_t *r = kvp__ec_table_get(t, key);
+    if (!r) {
+        kvp_status_t st = insert(t, key, "", spec->mm_hash, KVP_EC_WAITING_EVENT, false, 0, &r);
+        if (st != KVP_OK) {
+            kvp__ec_spec_free(spec);
+            return set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
+        }
+    } else if (r->hash[0] && strcmp(r->hash, spec->mm_hash) != 0) {
+        kvp__ec_spec_free(spec);
+        return set_err(err_p, KVP_EC_ERR_VALUE, KVP_ERR_STATE);
+    }
+    if (r->state != KVP_EC_WAITING_EVENT) {
+        kvp__ec_spec_free(spec);
+        return KVP_OK;
+    }
+    kvp__ec_spec_free(r->spec);
+    r->spec = spec;
+    r->has_deadline = true;
+    r->deadline = deadline;
+    kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_AVAILABLE, 0);
+    if (st != KVP_OK)
+        return set_err(err_p, KVP_EC_ERR_INVALID_TRANSITION, st);
+    *accepted_p = true;
+    return KVP_OK;
+}
+
+void kvp__ec_table_touch_available(kvp__ec_table_t *t, const char *tid, int64_t deadline)
+{
+    kvp__ec_rec_t *r = kvp__ec_table_get(t, tid);
+    if (r && r->state == KVP_EC_AVAILABLE)
+        set_deadline(t, r, deadline); /* not a transition: the record does not move */
+}
+
+kvp_status_t kvp__ec_table_begin_load(kvp__ec_table_t *t, const char *hash, const char *tid, const char *req,
+                                      int64_t deadline, kvp__ec_rec_t **rec_p)
+{
+    *rec_p = NULL;
+    kvp__ec_rec_t *r = (tid && tid[0]) ? kvp__ec_table_get(t, tid) : NULL;
+    if (r && (strcmp(r->hash, hash) != 0 || r->state != KVP_EC_AVAILABLE))
+        r = NULL;
+    if (!r)
+        r = first_for_hash(t, hash, KVP__EC_S(KVP_EC_AVAILABLE) | KVP__EC_S(KVP_EC_RESIDENT));
+    if (!r || !r->spec)
+        return KVP_OK;
+    set_req_if_empty(t, r, req);
+    set_deadline(t, r, deadline);
+    kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_LOADING, 0);
+    if (st != KVP_OK)
+        return st;
+    dispatch_append(t, r);
+    *rec_p = r;
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_take_loads(kvp__ec_table_t *t, kvp__ec_rec_t ***out_p, size_t *n_p)
+{
+    size_t n = 0;
+    for (kvp__ec_rec_t *r = t->dhead; r; r = r->dnext)
+        n += r->state == KVP_EC_LOADING;
+    kvp__ec_rec_t **out = NULL;
+    if (n) {
+        out = kvp__malloc(n * sizeof *out);
+        if (!out)
+            return KVP_ERR_NO_MEMORY;
+    }
+    size_t i = 0;
+    kvp__ec_rec_t *r = t->dhead;
+    while (r) {
+        kvp__ec_rec_t *next = r->dnext;
+        if (r->state == KVP_EC_LOADING)
+            out[i++] = r;
+        r->dprev = r->dnext = NULL;
+        r->in_dispatch = false;
+        r = next;
+    }
+    t->dhead = t->dtail = NULL;
+    *out_p = out;
+    *n_p = n;
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_complete_load(kvp__ec_table_t *t, const char *hash)
+{
+    kvp__ec_rec_t *r = first_for_hash(t, hash, KVP__EC_S(KVP_EC_LOADING));
+    return r ? kvp__ec_table_set_state(t, r, KVP_EC_READY, 0) : KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_fail_load(kvp__ec_table_t *t, const char *hash, int64_t now)
+{
+    kvp__ec_rec_t *r = first_for_hash(t, hash, KVP__EC_S(KVP_EC_LOADING));
+    return r ? kvp__ec_table_set_state(t, r, KVP_EC_FAILED, now) : KVP_OK;
+}
+
+static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t now)
+{
+    kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
+    if (st != KVP_OK)
+        return st;
+    if (kvp__ec_sset_has(&t->orphan_set, r->tid))
+        return KVP_OK;
+    if (t->n_orphans == t->cap_orphans) {
+        size_t ncap = t->cap_orphans ? t->cap_orphans * 2 : 8;
+        char **nv = kvp__realloc(t->orphans, t->cap_orphans * sizeof *nv, ncap * sizeof *nv);
+        if (!nv)
+            return KVP_ERR_NO_MEMORY;
+        memset(nv + t->cap_orphans, 0, (ncap - t->cap_orphans) * sizeof *nv);
+        t->orphans = nv;
+        t->cap_orphans = ncap;
+    }
+    char *c = kvp__ec_strdup(r->tid);
+    if (!c)
+        return KVP_ERR_NO_MEMORY;
+    st = kvp__ec_sset_add(&t->orphan_set, r->tid, NULL);
+    if (st != KVP_OK) {
+        kvp__ec_strfree(c);
+        return st;
+    }
+    t->orphans[t->n_orphans++] = c;
+    return KVP_OK;
+}
+
+static kvp_status_t evict_residents(kvp__ec_table_t *t, int64_t now)
+{
+    /* the oldest RESIDENT record (record order) is the head of its list */
+    while (t->resident_bytes > t->resident_capacity && t->shead[KVP_EC_RESIDENT]) {
+        kvp_status_t st = expire_orphan(t, t->shead[KVP_EC_RESIDENT], now);
+        if (st != KVP_OK)
+            return st;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, int64_t now)
+{
+    kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    if (h && h->count[KVP_EC_READY]) {
+        /* The canonical record is the newest READY one: latest in record order. */
+        kvp__ec_rec_t *canon = NULL;
+        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+            if (r->state == KVP_EC_READY && (!canon || r->seq > canon->seq))
+                canon = r;
+        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
+            if (r == canon || (r->state != KVP_EC_READY && r->state != KVP_EC_RESIDENT))
+                continue;
+            kvp_status_t st = expire_orphan(t, r, now);
+            if (st != KVP_OK)
+                return st;
+        }
+        kvp_status_t st;
+        if (!canon->spec) {
+            st = expire_orphan(t, canon, now);
+        } else {
+            canon->spec->num_token = 0;
+            canon->spec->local = true;
+            st = kvp__ec_table_set_state(t, canon, KVP_EC_RESIDENT, now);
+        }
+        if (st != KVP_OK)
+            return st;
+    }
+    return evict_residents(t, now);
+}
+
+kvp_status_t kvp__ec_table_reclaim(kvp__ec_table_t *t, const char *hash, int64_t now)
+{
+    kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    if (!h)
+        return KVP_OK;
+    for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
+        if (r->state == KVP_EC_READY) {
+            kvp__ec_spec_free(r->spec); /* stays READY, does not move */
+            r->spec = NULL;
+        } else if (r->state == KVP_EC_RESIDENT) {
+            kvp_status_t st = expire_orphan(t, r, now);
+            if (st != KVP_OK)
+                return st;
+        }
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_mark_unavailable(kvp__ec_table_t *t, const char *tid, int64_t now)
+{
+    kvp__ec_rec_t *r = kvp__ec_table_get(t, tid);
+    if (!r)
+        return KVP_ERR_NOT_FOUND;
+    kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_UNAVAILABLE, now);
+    if (st != KVP_OK)
+        return st;
+    if (r->req[0])
+        return notify_unavailable(t, r, r->req);
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t now, const char *hash, const char *req,
+                                  bool *cancelled_p)
+{
+    *cancelled_p = false;
+    kvp__ec_rec_t *r = kvp__ec_table_get(t, tid);
+    if (!r) {
+        kvp_status_t st = insert(t, tid, req, hash, KVP_EC_WAITING_EVENT, false, 0, &r);
+        if (st != KVP_OK)
+            return st;
+    }
+    switch (r->state) {
+    case KVP_EC_CANCELLED:
+    case KVP_EC_READY:
+    case KVP_EC_RESIDENT:
+    case KVP_EC_FAILED:
+        return KVP_OK;
+    default:
+        break;
+    }
+    kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_CANCELLED, now);
+    if (st != KVP_OK)
+        return st;
+    dispatch_unlink(t, r);
+    *cancelled_p = true;
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t terminal_limit, char ***out_p, size_t *n_p)
+{
+    char **out = NULL;
+    size_t n = 0, cap = 0;
+    kvp_status_t st = KVP_OK;
+    /* 1. AVAILABLE records whose lease ran out -> EXPIRED, in record order
+     * (the AVAILABLE list is in record order; deadlines there are not sorted,
+     * since touch_available extends them). */
+    kvp__ec_rec_t *r = t->shead[KVP_EC_AVAILABLE];
+    while (r) {
+        kvp__ec_rec_t *next = r->snext;
+        if (r->has_deadline && r->deadline <= now) {
+            if (n == cap) {
+                size_t ncap = cap ? cap * 2 : 8;
+                char **nv = kvp__realloc(out, cap * sizeof *nv, ncap * sizeof *nv);
+                if (!nv) {
+                    st = KVP_ERR_NO_MEMORY;
+                    break;
+                }
+                out = nv;
+                cap = ncap;
+            }
+            char *c = kvp__ec_strdup(r->tid);
+            if (!c) {
+                st = KVP_ERR_NO_MEMORY;
+                break;
+            }
+            st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
+            if (st != KVP_OK) {
+                kvp__ec_strfree(c);
+                break;
+            }
+            out[n++] = c;
+        }
+        r = next;
+    }
+    /* 2. tombstones past their deadline are removed.  A terminal list is
+     * sorted by deadline (entered at the current time + one TTL), so this
+     * pops heads; the records expired just above carry now + TTL and stay.
+     * (The original walks every record; the result is the same, since
+     * removal does not reorder the others.) */
+    static const kvp_ec_state_t terminal[4] = {KVP_EC_UNAVAILABLE, KVP_EC_EXPIRED, KVP_EC_FAILED, KVP_EC_CANCELLED};
+    for (int k = 0; k < 4 && st == KVP_OK; k++)
+        while (t->shead[terminal[k]] && t->shead[terminal[k]]->has_deadline && t->shead[terminal[k]]->deadline <= now)
+            remove_rec(t, t->shead[terminal[k]]);
+    /* 3. the terminal-record cap: drop the oldest tombstones (record order)
+     * beyond the limit; the oldest is the lowest-sequence list head. */
+    while (st == KVP_OK && terminal_limit >= 0 && (int64_t)t->n_terminal > terminal_limit) {
+        kvp__ec_rec_t *oldest = NULL;
+        for (int k = 0; k < 4; k++) {
+            kvp__ec_rec_t *h = t->shead[terminal[k]];
+            if (h && (!oldest || h->seq < oldest->seq))
+                oldest = h;
+        }
+        if (!oldest)
+            break;
+        remove_rec(t, oldest);
+    }
+    if (n < cap) {
+        /* shrink so the caller frees n entries */
+        if (n == 0) {
+            kvp__free(out, cap * sizeof *out);
+            out = NULL;
+        } else {
+            char **nv = kvp__realloc(out, cap * sizeof *out, n * sizeof *out);
+            if (nv)
+                out = nv;
+            else {
+                for (size_t i = n; i < cap; i++)
+                    out[i] = NULL;
+                n = cap; /* free the full array; trailing NULLs are fine */
+            }
+        }
+    }
+    *out_p = out;
+    *n_p = n;
+    return st;
+}
+
+kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__ec_sset_t *into)
+{
+    kvp_status_t st = KVP_OK;
+    for (size_t i = 0; i < t->unavailable.cap; i++) {
+        kvp__ec_slot_t *sl = &t->unavailable.slots[i];
+        if (sl->key && st == KVP_OK)
+            st = kvp__ec_sset_add(into, sl->val, NULL);
+    }
+    kvp__ec_sset_clear(&t->unavailable);
+    return st;
+}
+
+kvp_status_t kvp__ec_table_drain_orphaned(kvp__ec_table_t *t, char ***out_p, size_t *n_p)
+{
+    char **out = NULL;
+    size_t n = 0;
+    kvp_status_t st = KVP_OK;
+    if (t->n_orphans) {
+        out = kvp__calloc(t->n_orphans, sizeof *out);
+        if (!out)
+            st = KVP_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < t->n_orphans; i++) {
+        kvp__ec_rec_t *r = kvp__ec_table_get(t, t->orphans[i]);
+        if (out && r && r->state == KVP_EC_EXPIRED) {
+            out[n++] = t->orphans[i];
+            t->orphans[i] = NULL;
+        }
+        kvp__ec_strfree(t->orphans[i]);
+        t->orphans[i] = NULL;
+    }
+    size_t total = t->n_orphans;
+    t->n_orphans = 0;
+    kvp__ec_sset_clear(&t->orphan_set);
+    *out_p = out;
+    *n_p = out ? total : 0; /* the array holds total slots, the first n used */
+    /* Callers iterate until the first NULL; kvp__ec_strv_free(out, total). */
+    (void)n;
+    return st;
+}

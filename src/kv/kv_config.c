@@ -1,0 +1,147 @@
+/*
+ * KV connector configuration: defaults (§2.1), validation, and the derivation
+ * of (scheduler block size, hash block size, partial-hit flag) from the
+ * KV-cache groups (§2.2, vLLM's resolve_kv_cache_block_sizes and
+ * partial_hash_hits_enabled).
+ */
+#include <string.h>
+
+#include "common/log.h"
+#include "kvpool/kv_connector.h"
+
+static const char *const g_roles[] = {"kv_producer", "kv_consumer", "kv_both"};
+
+kvp_status_t kvp_kv_role_parse(const char *s, kvp_kv_role_t *role_p)
+{
+    if (!s || !role_p)
+        return KVP_ERR_NULL_POINTER;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, g_roles[i]) == 0) {
+            *role_p = (kvp_kv_role_t)i;
+            return KVP_OK;
+        }
+    kvp_error("kv connector: unknown kv_role '%s'", s);
+    return KVP_ERR_BAD_CONFIG;
+}
+
+const char *kvp_kv_role_name(kvp_kv_role_t role)
+{
+    return (unsigned)role < 3 ? g_roles[role] : "unknown";
+}
+
+void kvp_kv_config_init(kvp_kv_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kv_role = KVP_KV_ROLE_BOTH;
+    cfg->load_async = true;
+    cfg->lookup_async = false;
+    cfg->enable_lookup = true;
+    cfg->block_size = 16;
+    cfg->hash_block_size = 16;
+    cfg->partial_hits = false;
+    cfg->tp_size = cfg->pp_size = cfg->pcp_size = cfg->dcp_size = 1;
+    cfg->num_kv_heads = 1;
+}
+
+kvp_status_t kvp_kv_config_validate(const kvp_kv_config_t *cfg)
+{
+    if (!cfg)
+        return KVP_ERR_NULL_POINTER;
+    if ((unsigned)cfg->kv_role > KVP_KV_ROLE_BOTH) {
+        kvp_error("kv connector: bad kv_role %d", (int)cfg->kv_role);
+        return KVP_ERR_BAD_CONFIG;
+    }
+    if (cfg->block_size < 1 || cfg->hash_block_size < 1 ||
+        cfg->block_size % cfg->hash_block_size != 0) {
+        kvp_error("kv connector: block_size %lld must be a positive multiple of "
+                  "hash_block_size %lld",
+                  (long long)cfg->block_size, (long long)cfg->hash_block_size);
+        return KVP_ERR_BAD_CONFIG;
+    }
+    if (cfg->partial_hits && !(cfg->block_size > cfg->hash_block_size)) {
+        kvp_error("kv connector: partial hits need block_size > hash_block_size");
+        return KVP_ERR_BAD_CONFIG;
+    }
+    if (cfg->tp_size < 1 || cfg->pp_size < 1 || cfg->pcp_size < 1 || cfg->dcp_size < 1 ||
+        cfg->num_kv_heads < 1) {
+        kvp_error("kv connector: parallel sizes and num_kv_heads must be >= 1");
+        return KVP_ERR_BAD_CONFIG;
+    }
+    return KVP_OK;
+}
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size_t n,
+                                        const kvp_kv_block_params_t *p,
+                                        kvp_kv_block_sizes_t *out_p)
+{
+    if (!p || !out_p || (n && !groups))
+        return KVP_ERR_NULL_POINTER;
+    if (p->cache_block_size < 1 || p->dcp_size < 1 || p->pcp_size < 1 || p->hash_block_size < 0) {
+        kvp_error("kv connector: bad block parameters");
+        return KVP_ERR_BAD_CONFIG;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (groups[i].block_size < 1 || (unsigned)groups[i].kind > KVP_KV_SPEC_MAMBA) {
+            kvp_error("kv connector: group %zu has a bad kind or block size", i);
+            return KVP_ERR_BAD_CONFIG;
+        }
+    int64_t sched, hash;
+    if (n <= 1) {
+        sched = hash = p->cache_block_size * p->dcp_size * p->pcp_size;
+    } else {
+        if (p->dcp_size != 1 || p->pcp_size != 1) {
+            kvp_error("kv connector: several KV-cache groups do not support DCP/PCP");
+            return KVP_ERR_BAD_CONFIG;
+        }
+        sched = groups[0].block_size;
+        int64_t g = groups[0].block_size;
+        for (size_t i = 1; i < n; i++) {
+            int64_t b = groups[i].block_size;
+            g = gcd64(g, b);
+            int64_t d = gcd64(sched, b);
+            if (sched / d > INT64_MAX / b) {
+                kvp_error("kv connector: lcm of group block sizes overflows");
+                return KVP_ERR_BAD_CONFIG;
+            }
+            sched = sched / d * b;
+        }
+        /* Mamba groups whose block size is not the cache block size (not
+         * "align" mode) break divisibility: back off to the scheduler size,
+         * as when nothing consumes block hashes. */
+        bool mamba_unaligned = false;
+        for (size_t i = 0; i < n; i++)
+            if (groups[i].kind == KVP_KV_SPEC_MAMBA && groups[i].block_size != p->cache_block_size)
+                mamba_unaligned = true;
+        if (!(p->prefix_caching || p->kv_connector) || mamba_unaligned) {
+            hash = sched;
+        } else {
+            hash = p->hash_block_size ? p->hash_block_size : g;
+            for (size_t i = 0; i < n; i++)
+                if (groups[i].block_size % hash != 0) {
+                    kvp_error("kv connector: group block size %lld not divisible by hash "
+                              "block size %lld",
+                              (long long)groups[i].block_size, (long long)hash);
+                    return KVP_ERR_BAD_CONFIG;
+                }
+        }
+    }
+    bool partial = false;
+    for (size_t i = 0; i < n; i++)
+        if (groups[i].kind == KVP_KV_SPEC_MAMBA && groups[i].mamba_align_mode &&
+            groups[i].block_size > hash)
+            partial = true;
+    out_p->block_size = sched;
+    out_p->hash_block_size = hash;
+    out_p->partial_hits = partial;
+    return KVP_OK;
+}
