@@ -40,6 +40,8 @@ run: build
 # The benchmarks the issues quote (longer; not part of `make test`).
 bench: build
 	sh bench/embedded.sh
+	sh bench/compare.sh
+	sh bench/soak.sh 20
 
 clean:
 	rm -rf build build-asan

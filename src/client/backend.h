@@ -18,6 +18,9 @@ typedef struct kvp__backend_ops {
     kvp_status_t (*stats)(void *impl, kvp_pool_stats_t *st);
     /* Largest value this backend accepts (for validation). */
     uint64_t (*max_value)(void *impl);
+    /* Optional: registers/deregisters caller memory with the transport. */
+    kvp_status_t (*reg)(void *impl, void *addr, size_t len);
+    kvp_status_t (*dereg)(void *impl, void *addr);
 } kvp__backend_ops_t;
 
 extern const kvp__backend_ops_t kvp__embedded_backend;

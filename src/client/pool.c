@@ -325,7 +325,7 @@ kvp_status_t kvp_pool_register(kvp_pool_t *pool, void *addr, size_t len)
         kvp_error("pool_register: NULL pool or empty region");
         return !pool || !addr ? KVP_ERR_NULL_POINTER : KVP_ERR_INVALID_ARG;
     }
-    return KVP_OK; /* embedded: caller memory is used directly */
+    return pool->ops->reg ? pool->ops->reg(pool->impl, addr, len) : KVP_OK;
 }
 
 kvp_status_t kvp_pool_deregister(kvp_pool_t *pool, void *addr)
@@ -334,5 +334,5 @@ kvp_status_t kvp_pool_deregister(kvp_pool_t *pool, void *addr)
         kvp_error("pool_deregister: NULL argument");
         return KVP_ERR_NULL_POINTER;
     }
-    return KVP_OK;
+    return pool->ops->dereg ? pool->ops->dereg(pool->impl, addr) : KVP_OK;
 }

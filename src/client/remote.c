@@ -81,7 +81,15 @@ typedef struct pending {
     int finished;
 } pending_t;
 
+/* A caller buffer registered with UCX (kvp_pool_register). */
+typedef struct reg {
+    struct reg *next;
+    void *addr;
+    ucp_mem_h memh;
+} reg_t;
+
 typedef struct remote {
+    reg_t *regs;                   /* under mu */
     char host[256];
     uint16_t port;
     char *token;
@@ -533,12 +541,14 @@ static void *progress_main(void *arg)
         }
         pthread_mutex_unlock(&r->mu);
         if (had_dead) {
+            /* Endpoint first, socket second: when the server sees the socket
+             * close, this side no longer reads or writes its memory. */
+            if (dead)
+                close_ep(r, dead);
             if (dead_fd >= 0) {
                 epoll_ctl(r->epfd, EPOLL_CTL_DEL, dead_fd, NULL);
                 close(dead_fd);
             }
-            if (dead)
-                close_ep(r, dead);
             fail_generation(r, gen);
             continue;
         }
@@ -982,6 +992,12 @@ static void remote_close(void *impl)
     pthread_mutex_unlock(&r->mu);
     wake(r);
     pthread_join(r->thr, NULL);
+    while (r->regs) {
+        reg_t *g = r->regs;
+        r->regs = g->next;
+        ucp_mem_unmap(r->ctx, g->memh);
+        kvp__free(g, sizeof *g);
+    }
     kvp__ucx_close(r->ctx, r->worker);
     close(r->wake_fd);
     close(r->epfd);
@@ -1092,7 +1108,58 @@ err:
     return st;
 }
 
+/* Registration maps the buffer with UCX once, so transfers to and from it
+ * skip UCX's per-transfer registration (matters for RDMA; shared memory via
+ * CMA needs none). */
+static kvp_status_t remote_reg(void *impl, void *addr, size_t len)
+{
+    remote_t *r = impl;
+    reg_t *g = kvp__calloc(1, sizeof *g);
+    if (!g)
+        return KVP_ERR_NO_MEMORY;
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = addr,
+        .length = len,
+    };
+    ucs_status_t us = ucp_mem_map(r->ctx, &mp, &g->memh);
+    if (us != UCS_OK) {
+        kvp_error("remote: cannot register %zu bytes: %s", len, ucs_status_string(us));
+        kvp__free(g, sizeof *g);
+        return KVP_ERR_IO;
+    }
+    g->addr = addr;
+    pthread_mutex_lock(&r->mu);
+    g->next = r->regs;
+    r->regs = g;
+    pthread_mutex_unlock(&r->mu);
+    return KVP_OK;
+}
+
+static kvp_status_t remote_dereg(void *impl, void *addr)
+{
+    remote_t *r = impl;
+    pthread_mutex_lock(&r->mu);
+    reg_t **pp = &r->regs, *g = NULL;
+    while (*pp && (*pp)->addr != addr)
+        pp = &(*pp)->next;
+    if (*pp) {
+        g = *pp;
+        *pp = g->next;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!g) {
+        kvp_error("remote: deregister of %p, which is not registered", addr);
+        return KVP_ERR_NOT_FOUND;
+    }
+    ucp_mem_unmap(r->ctx, g->memh);
+    kvp__free(g, sizeof *g);
+    return KVP_OK;
+}
+
 const kvp__backend_ops_t kvp__remote_backend = {
+    .reg = remote_reg,
+    .dereg = remote_dereg,
     .scheme = "kvpool",
     .open = remote_open,
     .close = remote_close,

@@ -69,11 +69,15 @@ typedef struct conn {
     uint8_t *hs_buf;
     size_t hs_len;
     uint64_t inflight;
+    uint64_t dead_since_ns;
+    struct reply *replies;  /* replies being sent to this connection */
 } conn_t;
 
 #define KEY_BUCKETS 1024
 #define HS_BUF_MAX (KVP_HS_HELLO_FIXED + KVP_HS_TOKEN_MAX + KVP_HS_ADDR_MAX)
 #define HS_TIMEOUT_NS (5ull * 1000000000ull)
+#define DRAIN_MAX_NS (10ull * 1000000000ull) /* SIGTERM waits this long at most for requests in flight */
+#define ABANDON_AFTER_NS (2ull * 1000000000ull) /* see conn_abandon_replies */
 
 typedef struct server {
     kvp__server_params_t p;
@@ -88,7 +92,9 @@ typedef struct server {
     conn_t *by_key[KEY_BUCKETS];
     uint64_t nconns, next_conn_id;
     int draining, stop;
+    uint64_t drain_deadline_ns;
     uint64_t inflight;          /* requests not yet answered */
+    uint64_t inflight_puts, inflight_replies, inflight_in_data; /* its parts, for diagnosis */
     kvp_key_t *keys_buf;
     uint64_t *sizes_buf;
     char *discard;              /* sink for put bytes of keys not stored (see handle_put) */
@@ -98,6 +104,8 @@ typedef struct server {
 
 /* A reply being sent: its header and the leases it reads from. */
 typedef struct reply {
+    struct reply *prev, *next; /* the connection's replies */
+    int abandoned;             /* the peer is gone: only the struct is left */
     server_t *s;
     conn_t *c;
     kvp__mpw_t w;
@@ -134,25 +142,56 @@ static int conn_live(const conn_t *c) { return c->state == CONN_READY; }
 
 /* ---- replies ---- */
 
-static void reply_free(reply_t *r)
+/* Ends a reply's claim on its connection: releases its leases and counts it
+ * done.  The struct itself stays if UCX may still call back with it. */
+static void reply_detach(reply_t *r)
 {
     for (uint32_t i = 0; i < r->nleases; i++)
         kvp__store_release(r->s->store, r->leases[i]);
+    r->nleases = 0;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        r->c->replies = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->c->inflight--;
+    r->s->inflight--;
+    r->s->inflight_replies--;
+    r->c = NULL;
+}
+
+static void reply_free(reply_t *r)
+{
+    if (!r->abandoned)
+        reply_detach(r);
     kvp__free(r->leases, r->cap * sizeof *r->leases);
     kvp__free(r->iov, r->cap * sizeof *r->iov);
     kvp__mpw_free(&r->w);
-    r->c->inflight--;
-    r->s->inflight--;
     kvp__free(r, sizeof *r);
+}
+
+/* The peer of c is gone and its endpoint closed, yet some sends never
+ * completed (without peer-failure handling UCX does not purge a rendezvous
+ * send whose receiver died): the peer will never read those bytes, so the
+ * leases are released now; the structs are freed if UCX ever calls back. */
+static void conn_abandon_replies(conn_t *c)
+{
+    while (c->replies) {
+        reply_t *r = c->replies;
+        reply_detach(r);
+        r->abandoned = 1;
+    }
 }
 
 static void reply_sent(void *request, ucs_status_t status, void *user_data)
 {
     reply_t *r = user_data;
-    if (status != UCS_OK)
+    if (status != UCS_OK && !r->abandoned)
         kvp_debug("server: reply to conn %llu not delivered: %s", (unsigned long long)r->c->id,
                   ucs_status_string(status));
-    kvp__metrics_observe(&r->s->ctr, r->op, kvp__now_ns() - r->t0);
+    if (!r->abandoned)
+        kvp__metrics_observe(&r->s->ctr, r->op, kvp__now_ns() - r->t0);
     reply_free(r);
     ucp_request_free(request);
 }
@@ -167,8 +206,13 @@ static reply_t *reply_new(server_t *s, conn_t *c, uint32_t op)
     r->op = op;
     r->t0 = kvp__now_ns();
     kvp__mpw_init(&r->w, r->wbuf, sizeof r->wbuf);
+    r->next = c->replies;
+    if (c->replies)
+        c->replies->prev = r;
+    c->replies = r;
     c->inflight++;
     s->inflight++;
+    s->inflight_replies++;
     return r;
 }
 
@@ -260,6 +304,7 @@ static void put_finish(put_ctx_t *pc, ucs_status_t recv_status)
     kvp__metrics_observe(&s->ctr, KVP_WOP_PUT, kvp__now_ns() - pc->t0);
     pc->c->inflight--;
     s->inflight--;
+    s->inflight_puts--;
     kvp__free(pc->resv, pc->n * sizeof *pc->resv);
     kvp__free(pc->res, pc->n * sizeof *pc->res);
     kvp__free(pc->iov, pc->n * sizeof *pc->iov);
@@ -292,6 +337,7 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
     *pc = (put_ctx_t){s, c, rq->req_id, n, kvp__now_ns(), resv, res, iov};
     c->inflight++;
     s->inflight++;
+    s->inflight_puts++;
     uint32_t stored = 0;
     for (uint32_t i = 0; i < n; i++) {
         void *dst = NULL;
@@ -489,6 +535,7 @@ static void conn_kill(server_t *s, conn_t *c, const char *why)
     else
         kvp_warn("server: handshake %llu dropped: %s", (unsigned long long)c->id, why);
     c->state = CONN_DEAD;
+    c->dead_since_ns = kvp__now_ns();
     if (c->src.fd >= 0) {
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
         close(c->src.fd);
@@ -547,6 +594,7 @@ static void in_data_received(void *request, ucs_status_t status, size_t length, 
     (void)length;
     d->c->inflight--;
     d->s->inflight--;
+    d->s->inflight_in_data--;
     if (status == UCS_OK && conn_live(d->c))
         handle_in_data(d->s, d->c, d->buf, d->len);
     kvp__free(d->buf, d->len);
@@ -593,6 +641,7 @@ static ucs_status_t on_request(void *arg, const void *header, size_t header_leng
         *d = (in_data_t){s, c, buf, length};
         c->inflight++;
         s->inflight++;
+        s->inflight_in_data++;
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                             UCP_OP_ATTR_FIELD_DATATYPE,
@@ -791,6 +840,12 @@ static void reap_conns(server_t *s, int check_deadlines)
                 ucp_request_free(sp);
             }
         }
+        if (c->state == CONN_DEAD && c->inflight && c->replies &&
+            kvp__now_ns() - c->dead_since_ns > ABANDON_AFTER_NS) {
+            kvp_warn("server: conn %llu: %llu send(s) to the departed peer never completed; "
+                     "releasing their leases", (unsigned long long)c->id, (unsigned long long)c->inflight);
+            conn_abandon_replies(c);
+        }
         if (c->state == CONN_DEAD && c->inflight == 0) {
             *pp = c->next;
             conn_t **hp = &s->by_key[c->key % KEY_BUCKETS];
@@ -853,9 +908,11 @@ static void on_signal(server_t *s)
 {
     struct signalfd_siginfo si;
     while (read(s->signal_src.fd, &si, sizeof si) == sizeof si) {
-        if (!s->draining)
+        if (!s->draining) {
             kvp_info("server: signal %u: finishing %llu request(s) in flight, refusing new ones",
                      si.ssi_signo, (unsigned long long)s->inflight);
+            s->drain_deadline_ns = kvp__now_ns() + DRAIN_MAX_NS;
+        }
         s->draining = 1;
     }
 }
@@ -895,6 +952,15 @@ static void loop(server_t *s)
             reap_conns(s, 0);
         if (s->draining && s->inflight == 0)
             return;
+        if (s->draining && kvp__now_ns() > s->drain_deadline_ns) {
+            /* Transfers with peers that stopped answering: do not wait forever. */
+            kvp_warn("server: gave up on %llu request(s) after %llu s of draining (puts %llu, "
+                     "replies %llu, headers %llu)",
+                     (unsigned long long)s->inflight, (unsigned long long)(DRAIN_MAX_NS / 1000000000ull),
+                     (unsigned long long)s->inflight_puts, (unsigned long long)s->inflight_replies,
+                     (unsigned long long)s->inflight_in_data);
+            return;
+        }
     }
 }
 
