@@ -459,17 +459,6 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 /* ---- connection teardown and deadlines (progress thread) ---- */
 
-static void close_ep(remote_t *r, ucp_ep_h ep)
-{
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
-    if (sp && !UCS_PTR_IS_ERR(sp)) {
-        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-            ucp_worker_progress(r->worker);
-        ucp_request_free(sp);
-    }
-}
-
 /* Fails every request of generation `gen` whose reply has not come (the
  * forced close has completed their sends). */
 static void fail_generation(remote_t *r, int gen)
@@ -544,7 +533,7 @@ static void *progress_main(void *arg)
             /* Endpoint first, socket second: when the server sees the socket
              * close, this side no longer reads or writes its memory. */
             if (dead)
-                close_ep(r, dead);
+                kvp__ucx_ep_close_force(r->worker, dead);
             if (dead_fd >= 0) {
                 epoll_ctl(r->epfd, EPOLL_CTL_DEL, dead_fd, NULL);
                 close(dead_fd);

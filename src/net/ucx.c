@@ -98,3 +98,14 @@ void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker)
     if (ctx)
         ucp_cleanup(ctx);
 }
+
+void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
+    if (sp && !UCS_PTR_IS_ERR(sp)) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+            ucp_worker_progress(worker);
+        ucp_request_free(sp);
+    }
+}

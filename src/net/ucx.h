@@ -18,6 +18,10 @@ kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx
 void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker);
 /* "posix sysv cma tcp ..." — the transports UCX may use (static buffer). */
 const char *kvp__ucx_transports(ucp_context_h ctx);
+/* Closes ep without waiting for the peer (UCP_EP_CLOSE_FLAG_FORCE),
+ * progressing the worker until the close completes; requests UCX tracks on
+ * the endpoint complete with UCS_ERR_CANCELED meanwhile. */
+void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep);
 /* Maps a UCX status to kvpool's. */
 kvp_status_t kvp__ucx_status(ucs_status_t st);
 

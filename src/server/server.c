@@ -831,14 +831,7 @@ static void reap_conns(server_t *s, int check_deadlines)
              * their callbacks run (and finish the requests) right here. */
             ucp_ep_h ep = c->ep;
             c->ep = NULL;
-            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                       .flags = UCP_EP_CLOSE_FLAG_FORCE};
-            ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
-            if (sp && !UCS_PTR_IS_ERR(sp)) {
-                while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-                    ucp_worker_progress(s->worker);
-                ucp_request_free(sp);
-            }
+            kvp__ucx_ep_close_force(s->worker, ep);
         }
         if (c->state == CONN_DEAD && c->inflight && c->replies &&
             kvp__now_ns() - c->dead_since_ns > ABANDON_AFTER_NS) {

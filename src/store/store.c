@@ -481,37 +481,24 @@ void kvp__store_arena(kvp__store_t *s, void **base_p, size_t *len_p)
 kvp_status_t kvp__store_get(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *dst,
                             uint64_t dst_cap, uint64_t *size_p)
 {
-    uint64_t h = kvp__key_hash(key, klen);
-    kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
-    kvp__obj_t *o = kvp__do_find(sh, h, key, klen);
-    if (!o) {
-        sh->misses++;
-        pthread_mutex_unlock(&sh->lock);
-        *size_p = 0;
-        return KVP_ERR_NOT_FOUND;
-    }
-    sh->hits++;
-    *size_p = o->size;
-    if (o->size > dst_cap) {
-        pthread_mutex_unlock(&sh->lock);
+    const void *data;
+    kvp__lease_t *lease;
+    kvp_status_t st = kvp__store_acquire(s, key, klen, &data, size_p, &lease);
+    if (st != KVP_OK)
+        return st;
+    if (*size_p > dst_cap) {
+        kvp__store_release(s, lease);
         return KVP_ERR_BUFFER_TOO_SMALL;
     }
-    atomic_fetch_add_explicit(&o->refs, 1, memory_order_acq_rel); /* the read lease */
-    kvp__do_lru_touch(sh, o);
-    pthread_mutex_unlock(&sh->lock);
-    atomic_fetch_add_explicit(&s->leases, 1, memory_order_relaxed);
-
-    const char *src = s->base + o->off;
-    uint64_t left = o->size;
+    const char *src = data;
+    uint64_t left = *size_p;
     for (uint32_t i = 0; i < dst->iovcnt && left; i++) {
         size_t n = dst->iov[i].len < left ? dst->iov[i].len : (size_t)left;
         memcpy(dst->iov[i].base, src, n);
         src += n;
         left -= n;
     }
-    atomic_fetch_sub_explicit(&s->leases, 1, memory_order_relaxed);
-    kvp__obj_unref(s, o);
+    kvp__store_release(s, lease);
     return KVP_OK;
 }
 
