@@ -18,6 +18,11 @@ typedef struct kvp__backend_ops {
     kvp_status_t (*stats)(void *impl, kvp_pool_stats_t *st);
     /* Largest value this backend accepts (for validation). */
     uint64_t (*max_value)(void *impl);
+    /* Optional: one non-blocking pass of the transport's progress engine, so
+     * a thread waiting for its own op can drive it instead of sleeping
+     * (saves two thread wake-ups per round trip).  Returns nonzero if it
+     * did any work. */
+    int (*progress)(void *impl);
     /* Optional: registers/deregisters caller memory with the transport. */
     kvp_status_t (*reg)(void *impl, void *addr, size_t len);
     kvp_status_t (*dereg)(void *impl, void *addr);

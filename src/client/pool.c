@@ -6,10 +6,12 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "client/backend.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "kvpool/pool.h"
 
@@ -234,7 +236,7 @@ kvp_status_t kvp_pool_submit(kvp_pool_t *pool, kvp_op_t *op)
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int done;
+    _Atomic int done;
     kvp_status_t status;
 } waiter_t;
 
@@ -243,10 +245,12 @@ static void waiter_cb(void *arg, kvp_status_t status)
     waiter_t *w = arg;
     pthread_mutex_lock(&w->mu);
     w->status = status;
-    w->done = 1;
+    atomic_store(&w->done, 1);
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
 }
+
+#define SYNC_SPIN_NS 200000ull /* drive the transport ourselves this long, then sleep */
 
 static kvp_status_t run_sync(kvp_pool_t *pool, kvp_op_t *op)
 {
@@ -255,6 +259,11 @@ static kvp_status_t run_sync(kvp_pool_t *pool, kvp_op_t *op)
     op->cb_arg = &w;
     kvp_status_t st = kvp_pool_submit(pool, op);
     if (st == KVP_INPROGRESS) {
+        if (pool->ops->progress) {
+            uint64_t until = kvp__now_ns() + SYNC_SPIN_NS;
+            while (!atomic_load(&w.done) && kvp__now_ns() < until)
+                pool->ops->progress(pool->impl);
+        }
         pthread_mutex_lock(&w.mu);
         while (!w.done)
             pthread_cond_wait(&w.cv, &w.mu);

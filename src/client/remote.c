@@ -1146,7 +1146,14 @@ static kvp_status_t remote_dereg(void *impl, void *addr)
     return KVP_OK;
 }
 
+static int remote_progress(void *impl)
+{
+    remote_t *r = impl;
+    return (int)ucp_worker_progress(r->worker);
+}
+
 const kvp__backend_ops_t kvp__remote_backend = {
+    .progress = remote_progress,
     .reg = remote_reg,
     .dereg = remote_dereg,
     .scheme = "kvpool",

@@ -70,9 +70,17 @@ kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx
         .mt_workers_shared = multi_thread,
     };
     st = ucp_init(&params, cfg, ctx_p);
+    const char *asked = getenv("UCX_TLS");
+    if (st != UCS_OK && asked && ucp_config_modify(cfg, "TLS", "all") == UCS_OK) {
+        /* The transports asked for are missing here (say RDMA on a host
+         * without a NIC): fall back to whatever UCX finds, loudly. */
+        kvp_warn("%s: UCX_TLS=%s unusable here (%s); falling back to all available transports",
+                 who, asked, ucs_status_string(st));
+        st = ucp_init(&params, cfg, ctx_p);
+    }
     ucp_config_release(cfg);
     if (st != UCS_OK) {
-        kvp_error("%s: UCX init failed: %s (check UCX_TLS)", who, ucs_status_string(st));
+        kvp_error("%s: UCX init failed: %s", who, ucs_status_string(st));
         return KVP_ERR_IO;
     }
     ucp_worker_params_t wp = {

@@ -370,6 +370,49 @@ TEST(test_server_64_connections_mixed_load_verified)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* ---- transports ---- */
+
+/* A transport that does not exist here (RDMA on a host without a NIC):
+ * server and client log it and fall back to what UCX finds. */
+TEST(test_server_falls_back_when_ucx_tls_unusable)
+{
+    server_t s = {0};
+    setenv("UCX_TLS", "rc_verbs", 1);
+    server_start(&s, "16MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri);
+    unsetenv("UCX_TLS");
+    kvp_status_t st;
+    put_pattern(p, "fallback", 70000, 4, &st);
+    ASSERT_OK(st);
+    ASSERT_EQ(check_pattern(p, "fallback", 70000, 4), 1);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+/* The same traffic with UCX restricted to TCP on both sides. */
+TEST(test_server_ucx_tls_tcp)
+{
+    server_t s = {0};
+    setenv("UCX_TLS", "tcp", 1);
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri);
+    kvp_status_t st;
+    for (int i = 0; i < 8; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "tcp-%d", i);
+        put_pattern(p, key, (size_t)1000 << i, (uint8_t)i, &st);
+        ASSERT_OK(st);
+    }
+    for (int i = 0; i < 8; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "tcp-%d", i);
+        ASSERT_EQ(check_pattern(p, key, (size_t)1000 << i, (uint8_t)i), 1);
+    }
+    kvp_pool_close(p);
+    unsetenv("UCX_TLS");
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* ---- tokens ---- */
 
 TEST(test_server_token_required)
@@ -597,5 +640,6 @@ TEST(test_server_sigterm_finishes_in_flight_then_exits_zero)
 TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) T(test_server_client_killed_mid_put_leaves_nothing),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
+          T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
           T(test_server_bad_input_keeps_serving_others),
           T(test_server_sigterm_finishes_in_flight_then_exits_zero))
