@@ -47,6 +47,10 @@ typedef struct {
     uint64_t *order;    /* permutation of op indices */
     uint8_t *is_put;    /* mixed: which ops are puts */
     uint64_t nops;      /* timed calls */
+    kvp_key_t *probes;  /* exists/prefix: nops batches of `batch` keys, built before timing */
+    uint32_t *probe_want; /* prefix: the expected answer of each batch */
+    char *probe_bytes;  /* the probes' key bytes, contiguous per batch like a request message */
+    size_t probe_bytes_len;
     _Atomic uint64_t next_new; /* mixed: next new key */
     _Atomic uint64_t examined;
     _Atomic uint64_t errors;
@@ -136,8 +140,9 @@ static void do_get(bench_t *b, uint64_t k, char *dst)
         atomic_fetch_add(&b->bytes, r.size);
 }
 
-/* Builds the probe batch for call i of exists/prefix into out[]. */
-static uint32_t probe_batch(bench_t *b, uint64_t i, kvp_key_t *out)
+/* Picks the keys of probe batch i of exists/prefix into out[] (pointing at
+ * the stored key strings); returns how many of them are stored (prefix). */
+static uint32_t probe_pick(bench_t *b, uint64_t i, kvp_key_t *out)
 {
     uint32_t B = b->cfg->batch;
     uint64_t s = i + 77;
@@ -161,12 +166,9 @@ static void *worker_main(void *arg)
     worker_t *w = arg;
     bench_t *b = w->b;
     const bench_cfg_t *c = b->cfg;
-    kvp_key_t *batch = NULL;
     uint8_t *present = NULL;
-    if (c->op == OP_EXISTS || c->op == OP_PREFIX) {
-        batch = malloc(sizeof *batch * c->batch);
+    if (c->op == OP_EXISTS || c->op == OP_PREFIX)
         present = malloc(c->batch);
-    }
     pthread_barrier_wait(&b->barrier);
     uint64_t examined = 0;
     for (uint64_t i = w->from; i < w->to; i++) {
@@ -187,16 +189,16 @@ static void *worker_main(void *arg)
             }
             break;
         case OP_EXISTS: {
-            uint32_t n = probe_batch(b, i, batch);
-            if (kvp_pool_exists(b->pool, batch, n, present) != KVP_OK)
+            uint32_t n = c->batch;
+            if (kvp_pool_exists(b->pool, &b->probes[i * c->batch], n, present) != KVP_OK)
                 atomic_fetch_add(&b->errors, 1);
             examined += n;
             break;
         }
         case OP_PREFIX: {
-            uint32_t want = probe_batch(b, i, batch);
+            uint32_t want = b->probe_want[i];
             size_t m = 0;
-            if (kvp_pool_prefix(b->pool, batch, c->batch, &m) != KVP_OK || m != want)
+            if (kvp_pool_prefix(b->pool, &b->probes[i * c->batch], c->batch, &m) != KVP_OK || m != want)
                 atomic_fetch_add(&b->errors, 1);
             examined += m + (m < c->batch);
             break;
@@ -205,7 +207,6 @@ static void *worker_main(void *arg)
         w->lat_us[w->nlat++] = (double)(kvp__now_ns() - t0) / 1e3;
     }
     atomic_fetch_add(&b->examined, examined);
-    free(batch);
     free(present);
     return NULL;
 }
@@ -403,6 +404,26 @@ int kvp_cmd_bench(int argc, char **argv)
     if (cfg.op == OP_EXISTS && b.nops < 1000)
         b.nops = 1000;
 
+    /* Lookup probes are built before timing, each batch's key bytes copied
+     * into one contiguous buffer, as a lookup request message carries them. */
+    if (cfg.op == OP_EXISTS || cfg.op == OP_PREFIX) {
+        uint64_t nk = b.nops * cfg.batch;
+        b.probes = malloc(sizeof *b.probes * nk);
+        b.probe_want = malloc(sizeof *b.probe_want * b.nops);
+        b.probe_bytes_len = nk * (KVP_KEY_MAX > 160 ? 160 : KVP_KEY_MAX);
+        b.probe_bytes = malloc(b.probe_bytes_len);
+        kvp_key_t *pick = malloc(sizeof *pick * cfg.batch);
+        char *at = b.probe_bytes;
+        for (uint64_t i = 0; i < b.nops; i++) {
+            b.probe_want[i] = probe_pick(&b, i, pick);
+            for (uint32_t j = 0; j < cfg.batch; j++) {
+                memcpy(at, pick[j].data, pick[j].len);
+                b.probes[i * cfg.batch + j] = (kvp_key_t){at, pick[j].len};
+                at += pick[j].len;
+            }
+        }
+        free(pick);
+    }
     pthread_barrier_init(&b.barrier, NULL, (unsigned)cfg.threads + 1);
     worker_t *ws = calloc((size_t)cfg.threads, sizeof *ws);
     pthread_t *tids = calloc((size_t)cfg.threads, sizeof *tids);
@@ -512,6 +533,9 @@ int kvp_cmd_bench(int argc, char **argv)
     free(b.dsts);
     free(b.order);
     free(b.is_put);
+    free(b.probes);
+    free(b.probe_want);
+    free(b.probe_bytes);
     pthread_barrier_destroy(&b.barrier);
     return failed ? 1 : 0;
 }

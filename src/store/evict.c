@@ -45,10 +45,10 @@ static uint32_t pick_shard(kvp__store_t *s, uint32_t now, int full_scan)
     for (uint32_t k = 0; k < tries; k++) {
         uint32_t i = s->evict_cursor++ & (s->nshards - 1);
         kvp__shard_t *sh = &s->shards[i];
-        pthread_mutex_lock(&sh->lock);
+        kvp__spin_lock(&sh->lock);
         kvp__obj_t *o = do_tail_victim(sh);
         uint32_t age = o ? now - o->atime : 0;
-        pthread_mutex_unlock(&sh->lock);
+        kvp__spin_unlock(&sh->lock);
         if (o && (best == UINT32_MAX || age > best_age)) {
             best = i;
             best_age = age;
@@ -70,14 +70,14 @@ static int evict_one(kvp__store_t *s)
             continue;     /* the sample was unlucky: scan every shard */
         }
         kvp__shard_t *sh = &s->shards[i];
-        pthread_mutex_lock(&sh->lock);
+        kvp__spin_lock(&sh->lock);
         kvp__obj_t *o = do_tail_victim(sh);
         if (o) {
             kvp__do_unlink(sh, o, kvp__key_hash(o->key, o->klen));
             sh->evicted++;
             sh->evicted_bytes += o->size;
         }
-        pthread_mutex_unlock(&sh->lock);
+        kvp__spin_unlock(&sh->lock);
         if (o) {
             kvp__obj_unref(s, o);
             return 1;

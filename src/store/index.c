@@ -140,13 +140,12 @@ kvp_status_t kvp__shards_init(kvp__store_t *s)
             goto err_buckets;
         sh->nbuckets = INITIAL_BUCKETS;
         sh->index_bytes = INITIAL_BUCKETS * sizeof *sh->buckets;
-        pthread_mutex_init(&sh->lock, NULL);
+        kvp__spin_init(&sh->lock);
     }
     return KVP_OK;
 
 err_buckets:
     while (i-- > 0) {
-        pthread_mutex_destroy(&s->shards[i].lock);
         kvp__free(s->shards[i].buckets, s->shards[i].nbuckets * sizeof(kvp__obj_t *));
     }
     free(s->shards);
@@ -169,7 +168,6 @@ void kvp__shards_destroy(kvp__store_t *s)
             }
         }
         kvp__free(sh->buckets, sh->nbuckets * sizeof(kvp__obj_t *));
-        pthread_mutex_destroy(&sh->lock);
     }
     free(s->shards);
     s->shards = NULL;

@@ -219,14 +219,14 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
     *flags_p = 0;
     uint64_t h = kvp__key_hash(key, klen);
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     if (kvp__do_find(sh, h, key, klen)) {
         sh->put_existed++;
-        pthread_mutex_unlock(&sh->lock);
+        kvp__spin_unlock(&sh->lock);
         *flags_p = KVP_RESULT_EXISTED;
         return KVP_OK;
     }
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
 
     if (atomic_load_explicit(&s->resv_oldest_ns, memory_order_relaxed) <= now_ns(s))
         (void)kvp__store_reap(s);
@@ -298,12 +298,12 @@ kvp_status_t kvp__store_commit(kvp__store_t *s, kvp__resv_t *r, uint32_t *flags_
         goto out;
     }
     kvp__shard_t *sh = kvp__shard_of(s, r->hash);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     if (kvp__do_find(sh, r->hash, o->key, o->klen)) {
         /* Another writer committed the same key first: identical prompts
          * race to store identical blocks; the first one wins. */
         sh->put_existed++;
-        pthread_mutex_unlock(&sh->lock);
+        kvp__spin_unlock(&sh->lock);
         arena_free(s, o->off);
         kvp__free(o, kvp__obj_bytes(o->klen));
         *flags_p = KVP_RESULT_EXISTED;
@@ -311,7 +311,7 @@ kvp_status_t kvp__store_commit(kvp__store_t *s, kvp__resv_t *r, uint32_t *flags_
     }
     kvp__do_insert(sh, o, r->hash);
     sh->committed++;
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
 out:
     kvp__free(r, sizeof *r);
     return st;
@@ -349,9 +349,9 @@ int kvp__store_exists(kvp__store_t *s, const void *key, uint32_t klen)
 {
     uint64_t h = kvp__key_hash(key, klen);
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     int found = kvp__do_find(sh, h, key, klen) != NULL;
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
     return found;
 }
 
@@ -367,8 +367,8 @@ int kvp__store_exists(kvp__store_t *s, const void *key, uint32_t klen)
  * line and is never dereferenced.  Stage B costs one extra uncontended lock
  * pair per key, far cheaper than the miss it hides.
  */
-#define PF_DIST 6
-#define PF_RING 16 /* > 2 * PF_DIST: stage A must not overwrite what stage C reads */
+#define PF_DIST 12
+#define PF_RING 32 /* > 2 * PF_DIST: stage A must not overwrite what stage C reads */
 
 static inline void prefetch_slot(kvp__store_t *s, uint64_t h)
 {
@@ -381,22 +381,22 @@ static inline void prefetch_slot(kvp__store_t *s, uint64_t h)
 static inline void prefetch_obj(kvp__store_t *s, uint64_t h)
 {
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     const char *o = (const char *)sh->buckets[h & (sh->nbuckets - 1)];
     if (o) {
         __builtin_prefetch(o);
         __builtin_prefetch(o + 64);
         __builtin_prefetch(o + 128);
     }
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
 }
 
 static int exists_hashed(kvp__store_t *s, uint64_t h, const kvp_key_t *k)
 {
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     int found = kvp__do_find(sh, h, k->data, k->len) != NULL;
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
     return found;
 }
 
@@ -443,11 +443,11 @@ kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
 {
     uint64_t h = kvp__key_hash(key, klen);
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     kvp__obj_t *o = kvp__do_find(sh, h, key, klen);
     if (!o) {
         sh->misses++;
-        pthread_mutex_unlock(&sh->lock);
+        kvp__spin_unlock(&sh->lock);
         *data_p = NULL;
         *size_p = 0;
         *lease_p = NULL;
@@ -456,7 +456,7 @@ kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
     sh->hits++;
     atomic_fetch_add_explicit(&o->refs, 1, memory_order_acq_rel);
     kvp__do_lru_touch(sh, o);
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
     atomic_fetch_add_explicit(&s->leases, 1, memory_order_relaxed);
     *data_p = s->base + o->off;
     *size_p = o->size;
@@ -506,13 +506,13 @@ kvp_status_t kvp__store_remove(kvp__store_t *s, const void *key, uint32_t klen)
 {
     uint64_t h = kvp__key_hash(key, klen);
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     kvp__obj_t *o = kvp__do_find(sh, h, key, klen);
     if (o) {
         kvp__do_unlink(sh, o, h);
         sh->removed++;
     }
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
     if (!o)
         return KVP_ERR_NOT_FOUND;
     kvp__obj_unref(s, o);
@@ -523,7 +523,7 @@ kvp_status_t kvp__store_pin(kvp__store_t *s, const void *key, uint32_t klen, int
 {
     uint64_t h = kvp__key_hash(key, klen);
     kvp__shard_t *sh = kvp__shard_of(s, h);
-    pthread_mutex_lock(&sh->lock);
+    kvp__spin_lock(&sh->lock);
     kvp__obj_t *o = kvp__do_find(sh, h, key, klen);
     if (o && pin && !(o->flags & KVP_OBJ_PINNED)) {
         kvp__do_lru_remove(sh, o);
@@ -534,7 +534,7 @@ kvp_status_t kvp__store_pin(kvp__store_t *s, const void *key, uint32_t klen, int
         sh->pinned--;
         kvp__do_lru_push(sh, o);
     }
-    pthread_mutex_unlock(&sh->lock);
+    kvp__spin_unlock(&sh->lock);
     return o ? KVP_OK : KVP_ERR_NOT_FOUND;
 }
 
@@ -544,7 +544,7 @@ uint64_t kvp__store_remove_all(kvp__store_t *s)
     for (uint32_t i = 0; i < s->nshards; i++) {
         kvp__shard_t *sh = &s->shards[i];
         kvp__obj_t *victims = NULL;
-        pthread_mutex_lock(&sh->lock);
+        kvp__spin_lock(&sh->lock);
         for (uint64_t b = 0; b < sh->nbuckets; b++) {
             kvp__obj_t *o = sh->buckets[b];
             while (o) {
@@ -562,7 +562,7 @@ uint64_t kvp__store_remove_all(kvp__store_t *s)
         sh->live_bytes = 0;
         sh->pinned = 0;
         sh->lru_head = sh->lru_tail = NULL;
-        pthread_mutex_unlock(&sh->lock);
+        kvp__spin_unlock(&sh->lock);
         /* Objects mid-copy keep their lease; they are freed when it ends. */
         while (victims) {
             kvp__obj_t *next = victims->hnext;
@@ -578,7 +578,7 @@ void kvp__store_stats(kvp__store_t *s, kvp_pool_stats_t *st)
     (void)kvp__store_reap(s);
     memset(st, 0, sizeof *st);
     for (uint32_t i = 0; i < s->nshards; i++)
-        pthread_mutex_lock(&s->shards[i].lock);
+        kvp__spin_lock(&s->shards[i].lock);
     for (uint32_t i = 0; i < s->nshards; i++) {
         kvp__shard_t *sh = &s->shards[i];
         st->live += sh->count;
@@ -600,7 +600,7 @@ void kvp__store_stats(kvp__store_t *s, kvp_pool_stats_t *st)
     st->used_bytes = atomic_load(&s->used_bytes);
     st->leased = atomic_load(&s->leases);
     for (uint32_t i = s->nshards; i-- > 0;)
-        pthread_mutex_unlock(&s->shards[i].lock);
+        kvp__spin_unlock(&s->shards[i].lock);
     st->index_bytes += sizeof(kvp__shard_t) * s->nshards;
     st->capacity_bytes = s->tlsf.size;
     st->high_watermark_bytes = s->high_bytes;
