@@ -17,6 +17,7 @@ static void usage(FILE *f)
                "  --memory       arena size, e.g. 4GiB\n"
                "  --token-file   clients must present this file's first line as token\n"
                "  --put-timeout  reclaim put reservations not committed within this (default 30s)\n"
+               "  --no-prefault  do not fault the arena in at start (it is by default)\n"
                "  --log-level    error|warn|info|debug (default info)\n");
 }
 
@@ -54,6 +55,10 @@ int kvp_cmd_server(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--no-prefault")) {
+            p.no_prefault = 1;
+            continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {

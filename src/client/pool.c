@@ -7,6 +7,7 @@
 #include <xxhash.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client/backend.h"

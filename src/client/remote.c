@@ -62,6 +62,7 @@ typedef struct pending {
     struct pending *next;
     opctx_t *parent;              /* NULL for internal ops (stats) */
     uint32_t off, cnt;            /* the slice of the op's keys */
+    uint64_t payload_bytes;       /* PUT: value bytes this request carries */
     uint64_t req_id;
     uint32_t wop;
     int gen;
@@ -638,6 +639,10 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype = ucp_dt_make_iov();
     }
+    if (p->wop == KVP_WOP_PUT && p->payload_bytes >= KVP_RNDV_MIN) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        prm.flags = UCP_AM_SEND_FLAG_RNDV;
+    }
     ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, hdr, hlen, data, count, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         on_send_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, a);
@@ -837,6 +842,7 @@ static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t 
             for (uint32_t i = 0; i < cnt; i++) {
                 const kvp_sgl_t *v = &op->values[off + i];
                 op->results[off + i].size = sizes[i];
+                p->payload_bytes += sizes[i];
                 for (uint32_t j = 0; j < v->iovcnt; j++)
                     if (v->iov[j].len) {
                         p->iov[k].buffer = v->iov[j].base;

@@ -36,6 +36,11 @@
 #define KVP_WIRE_HEADER_MAX (KVP_BATCH_MAX * (KVP_KEY_MAX + 16u) + 256u)
 #define KVP_WIRE_TOKEN_MAX 256u
 #define KVP_AM_HDR_MAX 4096u /* UCX carries AM headers in one segment */
+/* Values at least this large always travel by rendezvous (UCP_AM_SEND_FLAG_RNDV):
+ * on one host that is a single CMA copy straight between the two processes'
+ * buffers, where UCX's eager protocol would copy fragments through shared
+ * memory and then once more out of its reassembly buffer. */
+#define KVP_RNDV_MIN (64u * 1024u)
 #define KVP_WIRE_PAYLOAD_MAX (16ull << 30) /* one batch's value bytes */
 
 typedef enum kvp_wire_op {

@@ -232,6 +232,13 @@ static void reply_send(reply_t *r)
     };
     const void *data = NULL;
     size_t count = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < r->nleases; i++)
+        bytes += r->iov[i].length;
+    if (bytes >= KVP_RNDV_MIN) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        prm.flags = UCP_AM_SEND_FLAG_RNDV;
+    }
     if (r->nleases == 1) {
         data = r->iov[0].buffer;
         count = r->iov[0].length;
@@ -990,7 +997,12 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     kvp__store_params_t sp;
     kvp__store_params_default(&sp);
     sp.capacity = params->memory;
-    sp.mem_kind = KVP_MEM_MEMFD;
+    /* Anonymous memory with transparent huge pages, faulted in at start: a
+     * server's arena is its whole reason to exist, and first-touch page
+     * faults on the put path cost more than the copy itself. */
+    sp.mem_kind = KVP_MEM_ANON;
+    sp.huge = KVP_HUGE_AUTO;
+    sp.prefault = !params->no_prefault;
     if (params->put_timeout_ns)
         sp.put_timeout_ns = params->put_timeout_ns;
     st = kvp__store_create(&sp, &s->store);

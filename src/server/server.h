@@ -21,6 +21,7 @@ typedef struct kvp__server_params {
     uint16_t metrics_port;      /* 0 = no metrics endpoint */
     const char *port_file;      /* if set, the bound port is written there once listening */
     uint32_t max_conns;         /* 0 = 1024 */
+    int no_prefault;            /* do not fault the arena in at start */
 } kvp__server_params_t;
 
 kvp_status_t kvp__server_run(const kvp__server_params_t *params);
