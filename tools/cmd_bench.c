@@ -344,7 +344,6 @@ int kvp_cmd_bench(int argc, char **argv)
     bench_t b;
     memset(&b, 0, sizeof b);
     b.cfg = &cfg;
-    struct mallinfo2 mi0 = mallinfo2();
     kvp_status_t st = kvp_pool_open(uri, &b.pool);
     if (st != KVP_OK) {
         fprintf(stderr, "kvpool bench: cannot open %s: %s\n", cfg.uri, kvp_status_str(st));
@@ -397,7 +396,6 @@ int kvp_cmd_bench(int argc, char **argv)
     }
     kvp_pool_stats_t st_loaded;
     kvp_pool_stats(b.pool, &st_loaded);
-    struct mallinfo2 mi1 = mallinfo2();
     if (cfg.op == OP_MIXED)
         for (uint64_t i = 0; i < n; i++)
             b.is_put[i] = (splitmix(&seed) % 10) < 2;
@@ -447,7 +445,6 @@ int kvp_cmd_bench(int argc, char **argv)
     /* Put's measurement of index memory (the pool holds count objects now). */
     kvp_pool_stats_t st_end;
     kvp_pool_stats(b.pool, &st_end);
-    struct mallinfo2 mi2 = mallinfo2();
 
     double *all = malloc(sizeof(double) * (b.nops + 1));
     uint64_t nl = 0;
@@ -474,21 +471,6 @@ int kvp_cmd_bench(int argc, char **argv)
         key_avg += b.keys[i].len;
     key_avg /= (double)n;
     double idx_per_obj = ist->live ? (double)ist->index_bytes / (double)ist->live - key_avg : 0;
-    /* Heap growth counts malloc'd and mmap'd chunks (large bucket arrays are
-     * mmap'd); the bench's own keys and arrays, allocated after mi0, are
-     * subtracted. */
-    struct mallinfo2 *mie = cfg.op == OP_PUT ? &mi2 : &mi1;
-    double heap_delta = (double)(mie->uordblks + mie->hblkhd) - (double)(mi0.uordblks + mi0.hblkhd);
-    double bench_heap = 0;
-    for (uint64_t i = 0; i < nkeys; i++)
-        bench_heap += (double)malloc_usable_size((void *)b.keys[i].data) + 8;
-    for (uint64_t i = 0; i < n; i++)
-        bench_heap += (double)malloc_usable_size((void *)b.absent[i].data) + 8;
-    bench_heap += (double)(malloc_usable_size(b.keys) + malloc_usable_size(b.absent) +
-                           malloc_usable_size(b.srcs) + malloc_usable_size(b.dsts) +
-                           malloc_usable_size(b.order) + malloc_usable_size(b.is_put));
-    double heap_per_obj = ist->live ? (heap_delta - bench_heap) / (double)ist->live - key_avg : 0;
-
     if (cfg.json) {
         printf("{\"op\":\"%s\",\"size\":%" PRIu64 ",\"count\":%" PRIu64 ",\"threads\":%d,"
                "\"ops_per_s\":%.1f,\"gbps\":%.3f,\"p50_us\":%.2f,\"p99_us\":%.2f,"
@@ -496,9 +478,9 @@ int kvp_cmd_bench(int argc, char **argv)
                cfg.op_name, cfg.size, cfg.count, cfg.threads, ops, gbps, p50, p99, mc, ratio);
         if (!bandwidth_op)
             printf(",\"keys_per_s\":%.1f,\"batch\":%u", keys_per_s, cfg.batch);
-        printf(",\"errors\":%" PRIu64 ",\"index_bytes_per_obj\":%.1f,\"heap_bytes_per_obj\":%.1f,"
+        printf(",\"errors\":%" PRIu64 ",\"index_bytes_per_obj\":%.1f,"
                "\"key_bytes\":%.1f,\"evicted\":%" PRIu64 "}\n",
-               (uint64_t)atomic_load(&b.errors), idx_per_obj, heap_per_obj, key_avg, st_end.evicted);
+               (uint64_t)atomic_load(&b.errors), idx_per_obj, key_avg, st_end.evicted);
     } else {
         char sz[32];
         kvp__format_size(cfg.size, sz, sizeof sz);
@@ -513,9 +495,9 @@ int kvp_cmd_bench(int argc, char **argv)
         printf("  memcpy baseline (1 thread, same footprint): %.2f GB/s", mc);
         if (bandwidth_op)
             printf("  ratio %.2f", ratio);
-        printf("\n  index: %.1f B/object beyond the key (engine count), %.1f B/object (heap growth); "
-               "key %.0f B; evicted %" PRIu64 "; errors %" PRIu64 "\n",
-               idx_per_obj, heap_per_obj, key_avg, st_end.evicted, (uint64_t)atomic_load(&b.errors));
+        printf("\n  index: %.1f B/object beyond the key (bucket arrays + shard table + object slab "
+               "chunks, whole); key %.0f B; evicted %" PRIu64 "; errors %" PRIu64 "\n",
+               idx_per_obj, key_avg, st_end.evicted, (uint64_t)atomic_load(&b.errors));
     }
     int failed = atomic_load(&b.errors) != 0;
     for (int t = 0; t < cfg.threads; t++)

@@ -21,7 +21,6 @@ uint64_t kvp__key_hash(const void *key, uint32_t klen) { return XXH3_64bits(key,
 
 uint32_t kvp__ticks_now(void) { return (uint32_t)(kvp__now_ns() >> 20); /* ~1.05 ms */ }
 
-size_t kvp__obj_bytes(uint32_t klen) { return sizeof(kvp__obj_t) + klen; }
 
 kvp__obj_t *kvp__do_find(kvp__shard_t *sh, uint64_t h, const void *key, uint32_t klen)
 {
@@ -65,7 +64,6 @@ void kvp__do_insert(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
     *b = o;
     sh->count++;
     sh->live_bytes += o->size;
-    sh->index_bytes += kvp__obj_bytes(o->klen);
     o->atime = kvp__ticks_now();
     if (o->flags & KVP_OBJ_PINNED)
         sh->pinned++;
@@ -87,7 +85,6 @@ void kvp__do_unlink(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
         kvp__do_lru_remove(sh, o);
     sh->count--;
     sh->live_bytes -= o->size;
-    sh->index_bytes -= kvp__obj_bytes(o->klen);
 }
 
 void kvp__do_lru_push(kvp__shard_t *sh, kvp__obj_t *o)
@@ -159,14 +156,7 @@ void kvp__shards_destroy(kvp__store_t *s)
         return;
     for (uint32_t i = 0; i < s->nshards; i++) {
         kvp__shard_t *sh = &s->shards[i];
-        for (uint64_t b = 0; b < sh->nbuckets; b++) {
-            kvp__obj_t *o = sh->buckets[b];
-            while (o) {
-                kvp__obj_t *next = o->hnext;
-                kvp__free(o, kvp__obj_bytes(o->klen));
-                o = next;
-            }
-        }
+        /* The objects go with the slab (kvp__objslab_destroy). */
         kvp__free(sh->buckets, sh->nbuckets * sizeof(kvp__obj_t *));
     }
     free(s->shards);

@@ -56,6 +56,7 @@ kvp_status_t kvp__store_create(const kvp__store_params_t *params, kvp__store_t *
     if (!s)
         return KVP_ERR_NO_MEMORY;
     s->params = *params;
+    kvp__objslab_init(&s->slab);
     if (!s->params.now_ns)
         s->params.now_ns = default_now;
     uint32_t n = s->params.shards ? s->params.shards : DEFAULT_SHARDS;
@@ -106,11 +107,11 @@ void kvp__store_destroy(kvp__store_t *s)
     kvp__resv_t *r = s->resv_head;
     while (r) {
         kvp__resv_t *next = r->next;
-        kvp__free(r->obj, kvp__obj_bytes(r->obj->klen));
-        kvp__free(r, sizeof *r);
+        kvp__free(r, sizeof *r); /* its object goes with the slab */
         r = next;
     }
     kvp__shards_destroy(s);
+    kvp__objslab_destroy(&s->slab);
     pthread_mutex_destroy(&s->alloc_lock);
     pthread_mutex_destroy(&s->evict_lock);
     pthread_mutex_destroy(&s->resv_lock);
@@ -136,7 +137,7 @@ void kvp__obj_unref(kvp__store_t *s, kvp__obj_t *o)
 {
     if (atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel) == 1) {
         arena_free(s, o->off);
-        kvp__free(o, kvp__obj_bytes(o->klen));
+        kvp__obj_free(s, o);
     }
 }
 
@@ -232,17 +233,19 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
         (void)kvp__store_reap(s);
 
     kvp__resv_t *r = kvp__calloc(1, sizeof *r);
-    kvp__obj_t *o = kvp__malloc(kvp__obj_bytes(klen));
+    kvp__obj_t *o = kvp__obj_alloc(s, klen);
     if (!r || !o) {
         kvp__free(r, sizeof *r);
-        kvp__free(o, kvp__obj_bytes(klen));
+        if (o)
+            kvp__obj_free(s, o);
         kvp_error("store: out of memory reserving a put of %u-byte key", klen);
         return KVP_ERR_NO_MEMORY;
     }
     void *dst = arena_alloc(s, size);
     if (!dst) {
         kvp__free(r, sizeof *r);
-        kvp__free(o, kvp__obj_bytes(klen));
+        if (o)
+            kvp__obj_free(s, o);
         atomic_fetch_add(&s->put_no_space, 1);
         kvp_debug("store: no space for a %llu-byte value", (unsigned long long)size);
         return KVP_ERR_NO_SPACE;
@@ -293,7 +296,7 @@ kvp_status_t kvp__store_commit(kvp__store_t *s, kvp__resv_t *r, uint32_t *flags_
     kvp_status_t st = KVP_OK;
     if (expired) {
         kvp_warn("store: commit of a reservation reclaimed after put_timeout");
-        kvp__free(o, kvp__obj_bytes(o->klen));
+        kvp__obj_free(s, o);
         st = KVP_ERR_EXPIRED;
         goto out;
     }
@@ -305,7 +308,7 @@ kvp_status_t kvp__store_commit(kvp__store_t *s, kvp__resv_t *r, uint32_t *flags_
         sh->put_existed++;
         kvp__spin_unlock(&sh->lock);
         arena_free(s, o->off);
-        kvp__free(o, kvp__obj_bytes(o->klen));
+        kvp__obj_free(s, o);
         *flags_p = KVP_RESULT_EXISTED;
         goto out;
     }
@@ -325,7 +328,7 @@ void kvp__store_abort(kvp__store_t *s, kvp__resv_t *r)
     pthread_mutex_unlock(&s->resv_lock);
     if (!expired)
         arena_free(s, r->obj->off);
-    kvp__free(r->obj, kvp__obj_bytes(r->obj->klen));
+    kvp__obj_free(s, r->obj);
     kvp__free(r, sizeof *r);
 }
 
@@ -551,7 +554,6 @@ uint64_t kvp__store_remove_all(kvp__store_t *s)
                 kvp__obj_t *next = o->hnext;
                 o->hnext = victims;
                 victims = o;
-                sh->index_bytes -= kvp__obj_bytes(o->klen);
                 o = next;
             }
             sh->buckets[b] = NULL;
@@ -601,7 +603,9 @@ void kvp__store_stats(kvp__store_t *s, kvp_pool_stats_t *st)
     st->leased = atomic_load(&s->leases);
     for (uint32_t i = s->nshards; i-- > 0;)
         kvp__spin_unlock(&s->shards[i].lock);
-    st->index_bytes += sizeof(kvp__shard_t) * s->nshards;
+    /* Index memory: bucket arrays (per shard), the shard table, and every
+     * slab chunk the objects live in (whole chunks, free slots included). */
+    st->index_bytes += sizeof(kvp__shard_t) * s->nshards + kvp__objslab_bytes(&s->slab);
     st->capacity_bytes = s->tlsf.size;
     st->high_watermark_bytes = s->high_bytes;
     st->low_watermark_bytes = s->low_bytes;

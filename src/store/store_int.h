@@ -79,6 +79,26 @@ typedef struct kvp__shard {
     uint64_t index_bytes;
 } __attribute__((aligned(64))) kvp__shard_t;
 
+/* The object slab (objslab.c): size classes of KVP_OBJ_STEP bytes from
+ * KVP_OBJ_MIN up to an object with a KVP_KEY_MAX-byte key. */
+#define KVP_OBJ_STEP 16u
+#define KVP_OBJ_MIN 64u
+#define KVP_OBJ_CLASSES (int)(((sizeof(kvp__obj_t) + KVP_KEY_MAX + 15u) / 16u * 16u - KVP_OBJ_MIN) / 16u + 1u)
+
+typedef struct kvp__objclass {
+    kvp__spin_t lock;
+    void *free;     /* freed slots, linked through their first word */
+    char *bump;     /* next never-used slot in the current chunk */
+    char *end;
+} kvp__objclass_t;
+
+typedef struct kvp__objslab {
+    kvp__objclass_t cls[40];
+    kvp__spin_t chunk_lock;
+    char **chunks;
+    size_t nchunks, cap;
+} kvp__objslab_t;
+
 struct kvp__resv {
     struct kvp__resv *prev, *next;     /* open-reservation list, oldest first */
     kvp__obj_t *obj;                   /* not yet indexed */
@@ -114,7 +134,16 @@ struct kvp__store {
     uint32_t nshards;
     uint32_t shard_shift;              /* 64 - log2(nshards) */
     kvp__shard_t *shards;
+    kvp__objslab_t slab;
 };
+
+/* objslab.c */
+void kvp__objslab_init(kvp__objslab_t *sl);
+void kvp__objslab_destroy(kvp__objslab_t *sl);
+uint64_t kvp__objslab_bytes(kvp__objslab_t *sl); /* bytes of chunks held */
+kvp__obj_t *kvp__obj_alloc(kvp__store_t *s, uint32_t klen); /* NULL when out of memory */
+void kvp__obj_free(kvp__store_t *s, kvp__obj_t *o);
+_Static_assert(KVP_OBJ_CLASSES <= 40, "objslab class table too small");
 
 /* index.c */
 uint64_t kvp__key_hash(const void *key, uint32_t klen);
