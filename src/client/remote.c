@@ -108,6 +108,7 @@ typedef struct remote {
     int gen;
     ucp_ep_h dead_ep;              /* to be closed by the progress thread */
     int dead_fd;
+    int graceful;                  /* close dead_ep by flushing (kvp_pool_close of a healthy connection) */
     uint64_t next_retry_ns;
     uint32_t backoff_ms;
     pending_t *bucket[NBUCKETS];
@@ -521,6 +522,7 @@ static void *progress_main(void *arg)
         pthread_mutex_lock(&r->mu);
         ucp_ep_h dead = r->dead_ep;
         int dead_fd = r->dead_fd;
+        int graceful = r->graceful;
         int gen = r->gen;
         int stop = r->stop && r->npending == 0 && !dead;
         int had_dead = dead || dead_fd >= 0;
@@ -533,7 +535,9 @@ static void *progress_main(void *arg)
         if (had_dead) {
             /* Endpoint first, socket second: when the server sees the socket
              * close, this side no longer reads or writes its memory. */
-            if (dead)
+            if (dead && graceful)
+                (void)kvp__ucx_ep_close_flush(r->worker, dead, 2000);
+            else if (dead)
                 kvp__ucx_ep_close_force(r->worker, dead);
             if (dead_fd >= 0) {
                 epoll_ctl(r->epfd, EPOLL_CTL_DEL, dead_fd, NULL);
@@ -976,7 +980,9 @@ static void remote_close(void *impl)
         return;
     pthread_mutex_lock(&r->mu);
     r->stop = 1;
-    r->connected = 1; /* let do_disconnect hand the ep and socket over */
+    /* A healthy connection closes by flushing, so the last messages owed to
+     * the server (rendezvous acknowledgements) still go out. */
+    r->graceful = r->connected;
     if (r->ep || r->tcp_fd >= 0) {
         r->dead_ep = r->ep;
         r->dead_fd = r->tcp_fd;

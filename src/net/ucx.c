@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 kvp_status_t kvp__ucx_status(ucs_status_t st)
@@ -116,4 +117,21 @@ void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep)
             ucp_worker_progress(worker);
         ucp_request_free(sp);
     }
+}
+
+int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms)
+{
+    ucp_request_param_t prm = {.op_attr_mask = 0};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
+    if (sp == NULL)
+        return 1;
+    if (UCS_PTR_IS_ERR(sp))
+        return 1; /* the endpoint is released even when the flush failed */
+    uint64_t until = kvp__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (ucp_request_check_status(sp) == UCS_INPROGRESS && kvp__now_ns() < until)
+        ucp_worker_progress(worker);
+    if (ucp_request_check_status(sp) == UCS_INPROGRESS)
+        return 0;
+    ucp_request_free(sp);
+    return 1;
 }

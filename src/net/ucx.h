@@ -22,6 +22,11 @@ const char *kvp__ucx_transports(ucp_context_h ctx);
  * progressing the worker until the close completes; requests UCX tracks on
  * the endpoint complete with UCS_ERR_CANCELED meanwhile. */
 void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep);
+/* Closes ep by flushing what is outstanding on it first; returns 1 when the
+ * close completed within timeout_ms, 0 otherwise (the close then stays
+ * pending and goes away with the worker; the endpoint must not be used or
+ * closed again either way). */
+int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms);
 /* Maps a UCX status to kvpool's. */
 kvp_status_t kvp__ucx_status(ucs_status_t st);
 

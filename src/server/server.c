@@ -95,6 +95,7 @@ typedef struct server {
     uint64_t drain_deadline_ns;
     uint64_t inflight;          /* requests not yet answered */
     uint64_t inflight_puts, inflight_replies, inflight_in_data; /* its parts, for diagnosis */
+    struct reply *abandoned;    /* replies given up on (conn_abandon_replies), freed at exit */
     kvp_key_t *keys_buf;
     uint64_t *sizes_buf;
     char *discard;              /* sink for put bytes of keys not stored (see handle_put) */
@@ -163,8 +164,16 @@ static void reply_detach(reply_t *r)
 
 static void reply_free(reply_t *r)
 {
-    if (!r->abandoned)
+    if (!r->abandoned) {
         reply_detach(r);
+    } else {
+        if (r->prev)
+            r->prev->next = r->next;
+        else
+            r->s->abandoned = r->next;
+        if (r->next)
+            r->next->prev = r->prev;
+    }
     kvp__free(r->leases, r->cap * sizeof *r->leases);
     kvp__free(r->iov, r->cap * sizeof *r->iov);
     kvp__mpw_free(&r->w);
@@ -179,8 +188,14 @@ static void conn_abandon_replies(conn_t *c)
 {
     while (c->replies) {
         reply_t *r = c->replies;
+        server_t *s = r->s;
         reply_detach(r);
         r->abandoned = 1;
+        r->prev = NULL;
+        r->next = s->abandoned;
+        if (s->abandoned)
+            s->abandoned->prev = r;
+        s->abandoned = r;
     }
 }
 
@@ -1067,6 +1082,9 @@ err_addr:
     ucp_worker_release_address(s->worker, s->addr);
 err_ucx:
     kvp__ucx_close(s->ctx, s->worker);
+    /* The worker is gone, so no callback can still come for these. */
+    while (s->abandoned)
+        reply_free(s->abandoned);
 err_store:
     kvp__store_destroy(s->store);
 err_bufs:
