@@ -4,10 +4,13 @@
  *
  *   embedded://?capacity=4GiB[&high_watermark=0.95][&low_watermark=0.90]
  *              [&hugepages=off|auto|on][&provider=anon|memfd][&put_timeout=30s]
- *              [&shards=N]
+ *              [&shards=N][&prefault=true|false]
  *       the storage engine inside the calling process (no daemon).
- *   kvpool://HOST:PORT      one kvpool server            (later issue)
- *   etcd://HOST:PORT/NAME   a cluster found through etcd (later issue)
+ *   kvpool://HOST:PORT[?timeout=5s][&token_file=PATH]
+ *       one kvpool server over UCX (docs/protocol.md); the token may also come
+ *       from the KVPOOL_TOKEN environment variable.
+ *   etcd://HOST:PORT/NAME   a cluster found through etcd (not built yet:
+ *       KVP_ERR_UNSUPPORTED)
  *
  * Object model.  A key is 1..KVP_KEY_MAX bytes (any bytes; the KV connector
  * uses printable store keys).  A value is 1 B..KVP_VALUE_MAX, written once and
@@ -175,9 +178,9 @@ KVP_API kvp_status_t kvp_pool_pin(kvp_pool_t *pool, const kvp_key_t *keys, size_
 KVP_API kvp_status_t kvp_pool_remove_all(kvp_pool_t *pool, uint64_t *removed_p);
 KVP_API kvp_status_t kvp_pool_stats(kvp_pool_t *pool, kvp_pool_stats_t *stats_p);
 
-/* Registers [addr, addr+len) for zero-copy transfers with network backends.
- * The embedded backend reads and writes caller memory directly, so there it
- * only validates the arguments. */
+/* Registers [addr, addr+len) for zero-copy transfers with network backends
+ * (kvpool:// maps it with UCX once).  The embedded backend reads and writes
+ * caller memory directly, so there it only validates the arguments. */
 KVP_API kvp_status_t kvp_pool_register(kvp_pool_t *pool, void *addr, size_t len);
 KVP_API kvp_status_t kvp_pool_deregister(kvp_pool_t *pool, void *addr);
 
