@@ -18,11 +18,12 @@ typedef struct kvp__backend_ops {
     kvp_status_t (*stats)(void *impl, kvp_pool_stats_t *st);
     /* Largest value this backend accepts (for validation). */
     uint64_t (*max_value)(void *impl);
-    /* Optional: one non-blocking pass of the transport's progress engine, so
-     * a thread waiting for its own op can drive it instead of sleeping
-     * (saves two thread wake-ups per round trip).  Returns nonzero if it
-     * did any work. */
-    int (*progress)(void *impl);
+    /* Optional: a thread waiting for its own op drives the transport itself
+     * until *done is set or the clock passes until_ns, instead of sleeping
+     * (saves two thread wake-ups per round trip).  While any thread drives,
+     * the backend's own progress thread stays off the CPU, so one waiting
+     * caller costs one busy thread, not two. */
+    void (*drive)(void *impl, _Atomic int *done, uint64_t until_ns);
     /* Optional: registers/deregisters caller memory with the transport. */
     kvp_status_t (*reg)(void *impl, void *addr, size_t len);
     kvp_status_t (*dereg)(void *impl, void *addr);

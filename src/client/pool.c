@@ -251,7 +251,23 @@ static void waiter_cb(void *arg, kvp_status_t status)
     pthread_mutex_unlock(&w->mu);
 }
 
-#define SYNC_SPIN_NS 200000ull /* drive the transport ourselves this long, then sleep */
+/* How long a waiting caller drives the transport before it sleeps: a round
+ * trip plus the op's bytes at 1 GB/s (the slowest transport's pace), so a
+ * large transfer over TCP is driven to its end instead of being handed to
+ * a thread that must first wake up; never more than 20 ms. */
+#define SYNC_SPIN_BASE_NS 200000ull
+#define SYNC_SPIN_MAX_NS 20000000ull
+
+static uint64_t op_bytes(const kvp_op_t *op)
+{
+    if (op->type != KVP_OP_PUT && op->type != KVP_OP_GET)
+        return 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < op->n; i++)
+        for (uint32_t j = 0; j < op->values[i].iovcnt; j++)
+            bytes += op->values[i].iov[j].len;
+    return bytes;
+}
 
 static kvp_status_t run_sync(kvp_pool_t *pool, kvp_op_t *op)
 {
@@ -260,10 +276,11 @@ static kvp_status_t run_sync(kvp_pool_t *pool, kvp_op_t *op)
     op->cb_arg = &w;
     kvp_status_t st = kvp_pool_submit(pool, op);
     if (st == KVP_INPROGRESS) {
-        if (pool->ops->progress) {
-            uint64_t until = kvp__now_ns() + SYNC_SPIN_NS;
-            while (!atomic_load(&w.done) && kvp__now_ns() < until)
-                pool->ops->progress(pool->impl);
+        if (pool->ops->drive) {
+            uint64_t spin = SYNC_SPIN_BASE_NS + op_bytes(op);
+            if (spin > SYNC_SPIN_MAX_NS)
+                spin = SYNC_SPIN_MAX_NS;
+            pool->ops->drive(pool->impl, &w.done, kvp__now_ns() + spin);
         }
         pthread_mutex_lock(&w.mu);
         while (!w.done)

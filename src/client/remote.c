@@ -26,7 +26,9 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,11 +114,12 @@ typedef struct remote {
     uint64_t next_retry_ns;
     uint32_t backoff_ms;
     pending_t *bucket[NBUCKETS];
-    uint64_t npending;
+    _Atomic uint64_t npending;     /* written under mu; read without it by drive */
     _Atomic uint64_t next_id;
     pthread_t thr;
     int stop;
     int wake_fd;
+    _Atomic int driving;           /* caller threads driving the worker now */
     uint64_t max_value;
 } remote_t;
 
@@ -516,7 +519,11 @@ static void *progress_main(void *arg)
     uint64_t last_check = 0, spin_until = 0;
     for (;;) {
         int did = 0;
-        while (ucp_worker_progress(r->worker))
+        /* A caller driving the worker makes progress for everyone: stay off
+         * the CPU meanwhile (two busy threads per client would crowd out the
+         * server on a small host). */
+        int driven = atomic_load(&r->driving);
+        while (!driven && ucp_worker_progress(r->worker))
             did = 1;
         uint64_t now = kvp__now_ns();
         pthread_mutex_lock(&r->mu);
@@ -554,6 +561,16 @@ static void *progress_main(void *arg)
         }
         if (did)
             spin_until = now + 30000;
+        if (driven) {
+            /* Until the driver leaves (it wakes us) or 1 ms passes,
+             * to keep watching for dead connections and deadlines. */
+            struct pollfd pf = {.fd = r->wake_fd, .events = POLLIN};
+            if (poll(&pf, 1, 1) > 0) {
+                uint64_t x;
+                (void)!read(r->wake_fd, &x, sizeof x);
+            }
+            continue;
+        }
         int timeout = now < spin_until ? 0 : 10;
         if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY)
             continue;
@@ -1065,7 +1082,7 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     pthread_cond_init(&r->cv, NULL);
     r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     r->epfd = epoll_create1(EPOLL_CLOEXEC);
-    st = kvp__ucx_open("client", 1, &r->ctx, &r->worker);
+    st = kvp__ucx_open("client", KVP_UCX_CLIENT, &r->ctx, &r->worker);
     if (st != KVP_OK)
         goto err;
     int wfd = -1;
@@ -1158,14 +1175,40 @@ static kvp_status_t remote_dereg(void *impl, void *addr)
     return KVP_OK;
 }
 
-static int remote_progress(void *impl)
+#define DRIVE_YIELD_AFTER_NS 50000ull
+
+static void remote_drive(void *impl, _Atomic int *done, uint64_t until_ns)
 {
     remote_t *r = impl;
-    return (int)ucp_worker_progress(r->worker);
+    /* Every waiting caller may drive (a UCX worker in multi-thread mode
+     * serialises them); while any does, the progress thread sleeps. */
+    atomic_fetch_add(&r->driving, 1);
+    uint64_t last_work = kvp__now_ns();
+    for (;;) {
+        if (atomic_load(done))
+            break;
+        if (ucp_worker_progress(r->worker)) {
+            last_work = kvp__now_ns();
+            continue;
+        }
+        uint64_t now = kvp__now_ns();
+        if (now >= until_ns)
+            break;
+        /* Idle for a while: the other side is busy moving bytes (a large
+         * transfer).  Let a runnable thread, the server on a small host,
+         * have this core meanwhile; returns at once when none is. */
+        if (now - last_work > DRIVE_YIELD_AFTER_NS)
+            sched_yield();
+    }
+    if (atomic_fetch_sub(&r->driving, 1) != 1)
+        return;
+    /* Hand the worker back to the progress thread if anyone still waits. */
+    if (atomic_load(&r->npending) > 0)
+        wake(r);
 }
 
 const kvp__backend_ops_t kvp__remote_backend = {
-    .progress = remote_progress,
+    .drive = remote_drive,
     .reg = remote_reg,
     .dereg = remote_dereg,
     .scheme = "kvpool",

@@ -56,7 +56,7 @@ const char *kvp__ucx_transports(ucp_context_h ctx)
     return out;
 }
 
-kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx_p,
+kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h *ctx_p,
                            ucp_worker_h *worker_p)
 {
     ucp_config_t *cfg;
@@ -65,6 +65,7 @@ kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx
         kvp_error("%s: UCX configuration: %s", who, ucs_status_string(st));
         return KVP_ERR_IO;
     }
+    int multi_thread = role == KVP_UCX_CLIENT;
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
         .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,

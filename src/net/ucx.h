@@ -10,10 +10,15 @@
 
 #include "kvpool/status.h"
 
-/* Creates a context (AM feature) and a worker.  multi_thread: the worker may
- * be used from several threads (client).  Logs the transports at info level,
- * prefixed with `who`.  KVP_OK or KVP_ERR_IO (logged). */
-kvp_status_t kvp__ucx_open(const char *who, int multi_thread, ucp_context_h *ctx_p,
+typedef enum kvp__ucx_role {
+    KVP_UCX_SERVER, /* the worker is used by one thread */
+    KVP_UCX_CLIENT, /* the worker is shared by caller threads and a progress thread */
+} kvp__ucx_role_t;
+
+/* Creates a context (AM feature) and a worker for that role.  Logs the
+ * transports at info level, prefixed with `who`.  KVP_OK or KVP_ERR_IO
+ * (logged). */
+kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h *ctx_p,
                            ucp_worker_h *worker_p);
 void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker);
 /* "posix sysv cma tcp ..." — the transports UCX may use (static buffer). */

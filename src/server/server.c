@@ -1023,7 +1023,7 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     st = kvp__store_create(&sp, &s->store);
     if (st != KVP_OK)
         goto err_bufs;
-    st = kvp__ucx_open("server", 0, &s->ctx, &s->worker);
+    st = kvp__ucx_open("server", KVP_UCX_SERVER, &s->ctx, &s->worker);
     if (st != KVP_OK)
         goto err_store;
     ucp_am_handler_param_t hp = {

@@ -479,7 +479,7 @@ static ucs_status_t raw_on_reply(void *arg, const void *header, size_t header_le
 
 static void raw_connect(raw_client_t *c, uint16_t port)
 {
-    ASSERT_OK(kvp__ucx_open("raw", 0, &c->ctx, &c->worker));
+    ASSERT_OK(kvp__ucx_open("raw", KVP_UCX_SERVER, &c->ctx, &c->worker));
     ucp_am_handler_param_t hp = {
         .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
