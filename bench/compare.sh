@@ -7,7 +7,8 @@
 #            default transports (labelled shm: one host, so shared memory) and
 #            once with UCX_TLS=tcp for server and client (labelled tcp);
 #            put and get of 64 KiB, 1 MiB and 4 MiB values with 1 and 8
-#            clients (bench threads), distinct keys, each stored object read
+#            clients (bench threads, each with its own connection, as each
+#            redis client has its own), distinct keys, each stored object read
 #            once; plus prefix lookups of 128 keys (row size = the stored
 #            values' size, 64 B).  The pool is reset around every row.
 #   redis    a redis-server on a free loopback port, no persistence, driven by
@@ -258,7 +259,7 @@ kvpool_row() { # transport op size clients count
             env $e "$KVP" bench --uri "$u" --op prefix --size "$3" --count "$5" --batch 128 --json
     else
         run_row "kvpool $1 $2 size=$3 clients=$4" kvpool "$1" \
-            env $e "$KVP" bench --uri "$u" --op "$2" --size "$3" --count "$5" --threads "$4" --json
+            env $e "$KVP" bench --uri "$u" --op "$2" --size "$3" --count "$5" --threads "$4" --conns "$4" --json
     fi
     env $e "$KVP" reset "$u" --timeout 30000 >/dev/null 2>&1
 }

@@ -33,6 +33,7 @@ typedef struct {
     uint64_t size;
     uint64_t count;
     int threads;
+    int conns;          /* pool handles (connections); thread t uses handle t % conns */
     int json;
     uint32_t batch;
 } bench_cfg_t;
@@ -60,6 +61,7 @@ typedef struct {
 
 typedef struct {
     bench_t *b;
+    kvp_pool_t *pool;   /* this thread's handle */
     int id;
     uint64_t from, to;  /* op range */
     double *lat_us;
@@ -118,25 +120,24 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void do_put(bench_t *b, uint64_t i, kvp_key_t *key, char *src)
+static void do_put(bench_t *b, kvp_pool_t *pool, kvp_key_t *key, char *src)
 {
     kvp_iov_t iov = {src, b->cfg->size};
     kvp_sgl_t sgl = {&iov, 1};
     kvp_key_result_t r;
-    kvp_status_t st = kvp_pool_put(b->pool, key, &sgl, 1, &r);
-    (void)i;
+    kvp_status_t st = kvp_pool_put(pool, key, &sgl, 1, &r);
     if (st != KVP_OK || r.status != KVP_OK)
         atomic_fetch_add(&b->errors, 1);
     else
         atomic_fetch_add(&b->bytes, b->cfg->size);
 }
 
-static void do_get(bench_t *b, uint64_t k, char *dst)
+static void do_get(bench_t *b, kvp_pool_t *pool, uint64_t k, char *dst)
 {
     kvp_iov_t iov = {dst, b->cfg->size};
     kvp_sgl_t sgl = {&iov, 1};
     kvp_key_result_t r;
-    kvp_status_t st = kvp_pool_get(b->pool, &b->keys[k], &sgl, 1, &r);
+    kvp_status_t st = kvp_pool_get(pool, &b->keys[k], &sgl, 1, &r);
     if (st != KVP_OK || r.status != KVP_OK)
         atomic_fetch_add(&b->errors, 1);
     else
@@ -178,22 +179,22 @@ static void *worker_main(void *arg)
         uint64_t t0 = kvp__now_ns();
         switch (c->op) {
         case OP_PUT:
-            do_put(b, i, &b->keys[b->order[i]], b->srcs[b->order[i]]);
+            do_put(b, w->pool, &b->keys[b->order[i]], b->srcs[b->order[i]]);
             break;
         case OP_GET:
-            do_get(b, b->order[i], b->dsts[b->order[i]]);
+            do_get(b, w->pool, b->order[i], b->dsts[b->order[i]]);
             break;
         case OP_MIXED:
             if (b->is_put[i]) {
                 uint64_t n = atomic_fetch_add(&b->next_new, 1);
-                do_put(b, i, &b->keys[c->count + n], b->srcs[n % c->count]);
+                do_put(b, w->pool, &b->keys[c->count + n], b->srcs[n % c->count]);
             } else {
-                do_get(b, b->order[i], b->dsts[b->order[i]]);
+                do_get(b, w->pool, b->order[i], b->dsts[b->order[i]]);
             }
             break;
         case OP_EXISTS: {
             uint32_t n = c->batch;
-            if (kvp_pool_exists(b->pool, &b->probes[i * c->batch], n, present) != KVP_OK)
+            if (kvp_pool_exists(w->pool, &b->probes[i * c->batch], n, present) != KVP_OK)
                 atomic_fetch_add(&b->errors, 1);
             examined += n;
             break;
@@ -201,7 +202,7 @@ static void *worker_main(void *arg)
         case OP_PREFIX: {
             uint32_t want = b->probe_want[i];
             size_t m = 0;
-            if (kvp_pool_prefix(b->pool, &b->probes[i * c->batch], c->batch, &m) != KVP_OK || m != want)
+            if (kvp_pool_prefix(w->pool, &b->probes[i * c->batch], c->batch, &m) != KVP_OK || m != want)
                 atomic_fetch_add(&b->errors, 1);
             examined += m + (m < c->batch);
             break;
@@ -230,9 +231,11 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: kvpool bench --uri URI --op put|get|mixed|exists|prefix --size BYTES --count N\n"
-            "                    [--threads T] [--batch B] [--json]\n"
+            "                    [--threads T] [--conns C] [--batch B] [--json]\n"
             "       kvpool bench --kv-scheduler [--json]   |   --ec-scheduler [--json]\n"
-            "  sizes accept B, KiB, MiB, GiB; --batch: keys per exists/prefix call (default 128)\n");
+            "  sizes accept B, KiB, MiB, GiB; --batch: keys per exists/prefix call (default 128)\n"
+            "  --conns: pool handles the threads share round-robin (default 1; a kvpool:// URI\n"
+            "  opens one connection per handle, so --conns T gives T independent clients)\n");
 }
 
 static int parse_args(int argc, char **argv, bench_cfg_t *c)
@@ -243,6 +246,7 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c)
     c->size = 1 << 20;
     c->count = 2000;
     c->threads = 1;
+    c->conns = 1;
     c->batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -280,6 +284,12 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c)
             c->threads = atoi(v);
             if (c->threads < 1 || c->threads > 256) {
                 fprintf(stderr, "kvpool bench: --threads must be 1..256\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--conns")) {
+            c->conns = atoi(v);
+            if (c->conns < 1 || c->conns > 256) {
+                fprintf(stderr, "kvpool bench: --conns must be 1..256\n");
                 return 2;
             }
         } else if (!strcmp(a, "--batch")) {
@@ -344,11 +354,21 @@ int kvp_cmd_bench(int argc, char **argv)
     bench_t b;
     memset(&b, 0, sizeof b);
     b.cfg = &cfg;
-    kvp_status_t st = kvp_pool_open(uri, &b.pool);
-    if (st != KVP_OK) {
-        fprintf(stderr, "kvpool bench: cannot open %s: %s\n", cfg.uri, kvp_status_str(st));
-        return 1;
+    if (cfg.conns > 1 && strncmp(uri, "kvpool://", 9) != 0) {
+        fprintf(stderr, "kvpool bench: --conns needs a kvpool:// URI (handles of other URIs are separate pools)\n");
+        return 2;
     }
+    kvp_pool_t *pools[256];
+    for (int i = 0; i < cfg.conns; i++) {
+        kvp_status_t st = kvp_pool_open(uri, &pools[i]);
+        if (st != KVP_OK) {
+            fprintf(stderr, "kvpool bench: cannot open %s: %s\n", cfg.uri, kvp_status_str(st));
+            while (i > 0)
+                kvp_pool_close(pools[--i]);
+            return 1;
+        }
+    }
+    b.pool = pools[0];
     uint64_t n = cfg.count;
     int bandwidth_op = cfg.op == OP_PUT || cfg.op == OP_GET || cfg.op == OP_MIXED;
     uint64_t nkeys = cfg.op == OP_MIXED ? n + n : n;
@@ -386,7 +406,7 @@ int kvp_cmd_bench(int argc, char **argv)
     /* Untimed preload for everything but put. */
     if (cfg.op != OP_PUT) {
         for (uint64_t i = 0; i < n; i++)
-            do_put(&b, i, &b.keys[i], b.srcs[i]);
+            do_put(&b, b.pool, &b.keys[i], b.srcs[i]);
         if (atomic_load(&b.errors)) {
             fprintf(stderr, "kvpool bench: preload failed for %" PRIu64 " keys (pool too small?)\n",
                     (uint64_t)atomic_load(&b.errors));
@@ -430,6 +450,7 @@ int kvp_cmd_bench(int argc, char **argv)
     pthread_t *tids = calloc((size_t)cfg.threads, sizeof *tids);
     for (int t = 0; t < cfg.threads; t++) {
         ws[t].b = &b;
+        ws[t].pool = pools[t % cfg.conns];
         ws[t].id = t;
         ws[t].from = b.nops * (uint64_t)t / (uint64_t)cfg.threads;
         ws[t].to = b.nops * (uint64_t)(t + 1) / (uint64_t)cfg.threads;
@@ -505,7 +526,8 @@ int kvp_cmd_bench(int argc, char **argv)
     free(ws);
     free(tids);
     free(all);
-    kvp_pool_close(b.pool);
+    for (int i = 0; i < cfg.conns; i++)
+        kvp_pool_close(pools[i]);
     for (uint64_t i = 0; i < nkeys; i++)
         free((void *)b.keys[i].data);
     for (uint64_t i = 0; i < n; i++)

@@ -37,6 +37,8 @@ check bench_exists_json json_ok exists 64 2000 1
 check bench_prefix_json json_ok prefix 64 2000 1
 check bench_bad_op sh -c "! '$KVP' bench --op frobnicate 2>/dev/null"
 check bench_bad_size sh -c "! '$KVP' bench --size 12XB 2>/dev/null"
+check bench_conns_needs_kvpool_uri sh -c "! '$KVP' bench --uri 'embedded://?capacity=16MiB' --conns 2 --count 10 --size 1KiB 2>/dev/null"
+check bench_bad_conns sh -c "! '$KVP' bench --conns 0 2>/dev/null"
 check bench_bad_uri sh -c "! '$KVP' bench --uri 'nope://x' --count 10 --size 1KiB 2>/dev/null"
 check bench_human_output sh -c "'$KVP' bench --uri 'embedded://?capacity=16MiB' --op get --size 4KiB --count 100 | grep -q 'memcpy baseline'"
 echo "$pass passed, $fail failed"

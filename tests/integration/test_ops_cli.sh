@@ -225,6 +225,10 @@ assert r[\"identity_holds\"] and r[\"live\"] >= 2 and r[\"put_existed\"] >= 1, r
     check srv_reset_counts sh -c "[ \"\$('$KVP' reset '$S')\" = 1 ]"
     check srv_exists_after_reset sh -c "'$KVP' exists '$S' kA kB >'$T/out' && printf '0\n0\n' | cmp -s - '$T/out'"
     check srv_stats_human sh -c "'$KVP' stats '$S' | grep -q '(holds)'"
+    # bench with one connection per thread: every get verified by size, no errors
+    check srv_bench_conns sh -c "'$KVP' bench --uri '$S' --op get --size 64KiB --count 90 --threads 3 --conns 3 --json |
+        /usr/bin/python3 -c 'import json, sys; r = json.loads(sys.stdin.read()); assert r[\"errors\"] == 0 and r[\"gbps\"] > 0, r'"
+    check srv_reset_after_bench expect_ok reset "$S"
     if [ -n "$SRV_PID" ]; then
         check srv_still_running kill -0 "$SRV_PID"
         if [ "$fail" != 0 ]; then
