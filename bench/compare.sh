@@ -5,7 +5,9 @@
 #   kvpool   a `kvpool server` on a free loopback port, driven by
 #            `kvpool bench --uri kvpool://127.0.0.1:PORT`: once with UCX's
 #            default transports (labelled shm: one host, so shared memory) and
-#            once with UCX_TLS=tcp for server and client (labelled tcp);
+#            once with UCX_TLS=tcp for server and client (labelled tcp: the
+#            client then takes kvpool's own TCP transport, or UCX's tcp with
+#            KVP_COMPARE_TCP_TRANSPORT=ucx);
 #            put and get of 64 KiB, 1 MiB and 4 MiB values with 1 and 8
 #            clients (bench threads, each with its own connection, as each
 #            redis client has its own), distinct keys, each stored object read
@@ -216,6 +218,9 @@ start_kvpool() { # shm|tcp: sets URI_<transport> once the server answers
         PIDS="$PIDS $SPID"
     fi
     uri="kvpool://127.0.0.1:${port:-0}"
+    # tcp rows: what a client gets with UCX_TLS=tcp (transport=auto: kvpool's
+    # own TCP transport), or UCX's tcp with KVP_COMPARE_TCP_TRANSPORT=ucx
+    [ "$trans" = tcp ] && uri="$uri?transport=${KVP_COMPARE_TCP_TRANSPORT:-auto}"
     # Ready when the pool answers a stats call.
     i=0
     : >"$TMP/stats.err"

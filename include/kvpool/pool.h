@@ -6,9 +6,13 @@
  *              [&hugepages=off|auto|on][&provider=anon|memfd][&put_timeout=30s]
  *              [&shards=N][&prefault=true|false]
  *       the storage engine inside the calling process (no daemon).
- *   kvpool://HOST:PORT[?timeout=5s][&token_file=PATH]
- *       one kvpool server over UCX (docs/protocol.md); the token may also come
- *       from the KVPOOL_TOKEN environment variable.
+ *   kvpool://HOST:PORT[?timeout=5s][&token_file=PATH][&transport=auto|ucx|tcp]
+ *       one kvpool server (docs/protocol.md); the token may also come from the
+ *       KVPOOL_TOKEN environment variable.  transport: ucx moves everything
+ *       with UCX (shared memory on one host, RDMA or tcp across hosts); tcp
+ *       uses kvpool's own TCP transport (values go straight between the
+ *       socket and the caller's buffers); auto (the default) takes tcp where
+ *       UCX could only use tcp to reach the server, else ucx.
  *   etcd://HOST:PORT/NAME   a cluster found through etcd (not built yet:
  *       KVP_ERR_UNSUPPORTED)
  *

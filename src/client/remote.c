@@ -1,8 +1,16 @@
 /*
- * kvpool://HOST:PORT — the pool on a kvpool server, over UCX active messages.
+ * kvpool://HOST:PORT — the pool on a kvpool server, over UCX active messages
+ * or kvpool's own TCP transport (net/lane.h).
  *
  * Options: timeout (default call timeout, e.g. 5s), token_file (the shared
- * secret's file; or env KVPOOL_TOKEN).
+ * secret's file; or env KVPOOL_TOKEN), transport (auto, ucx, tcp).
+ *
+ * TCP transport.  Requests are written whole, one thread at a time (tx_mu),
+ * a put's values straight from the caller's buffers; replies are read by
+ * whoever holds rx_mu (a driving caller, else the progress thread), a get's
+ * values straight into the caller's buffers.  The socket closes only with
+ * both locks held, so no write or read is ever on a closed (or reused)
+ * descriptor, and an op fails only after its bytes stopped moving.
  *
  * Threads.  One UCX worker in multi-thread mode.  Callers' threads encode and
  * post requests themselves; a progress thread sleeps on the worker's event fd
@@ -35,6 +43,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <ifaddrs.h>
 #include <unistd.h>
 
 #include "client/backend.h"
@@ -43,6 +53,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "net/handshake.h"
+#include "net/lane.h"
 #include "net/ucx.h"
 #include "net/wire.h"
 
@@ -107,7 +118,8 @@ typedef struct remote {
     uint64_t conn_key;
     int epfd;                      /* the progress thread's */
     int connected;
-    int gen;
+    int gen;                       /* connection generation: bumped when one is lost */
+    int dead_gen;                  /* the generation dead_ep/dead_fd belonged to */
     ucp_ep_h dead_ep;              /* to be closed by the progress thread */
     int dead_fd;
     int graceful;                  /* close dead_ep by flushing (kvp_pool_close of a healthy connection) */
@@ -120,8 +132,29 @@ typedef struct remote {
     int stop;
     int wake_fd;
     _Atomic int driving;           /* caller threads driving the worker now */
+    /* kvpool's TCP transport (net/lane.h) instead of UCX for this connection */
+    int transport;                 /* URI option: TRANSPORT_* */
+    int use_lane;                  /* decided at open: connect with the lane */
+    _Atomic int lane;              /* the current connection is a lane */
+    pthread_mutex_t tx_mu;         /* one frame written at a time; held while the socket closes */
+    pthread_mutex_t rx_mu;         /* one reader at a time; held while the socket closes */
+    int rx_gen;                    /* the connection the receive state below belongs to */
+    uint8_t *rx_buf;               /* frame head + reply header */
+    size_t rx_cap, rx_len;
+    uint32_t rx_hdr_len;
+    int rx_data;                   /* reading a reply's values */
+    uint64_t rx_left;              /* their bytes still to come */
+    pending_t *rx_p;               /* whose values (NULL: dropped into rx_sink) */
+    uint32_t rx_i;
+    size_t rx_off;
+    char *rx_sink;
     uint64_t max_value;
 } remote_t;
+
+enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
+#define LANE_RX_START 4096u
+#define LANE_SINK 65536u
+#define LANE_IOV_MAX 64
 
 /* ---- pending table (under mu) ---- */
 
@@ -449,6 +482,7 @@ static void do_disconnect(remote_t *r, const char *why)
     r->connected = 0;
     r->dead_ep = r->ep;
     r->dead_fd = r->tcp_fd;
+    r->dead_gen = r->gen++;
     r->ep = NULL;
     r->tcp_fd = -1;
 }
@@ -460,6 +494,240 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (ep == r->ep)
         do_disconnect(r, ucs_status_string(status));
     pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- kvpool's TCP transport (net/lane.h) ---- */
+
+static void wake(remote_t *r);
+
+/* Has a reply's values all arrived, or its frame been handled: finish p. */
+static void lane_complete(remote_t *r, pending_t *p)
+{
+    pthread_mutex_lock(&r->mu);
+    p->reply_done = 1;
+    opctx_t *f = do_maybe_done(r, p);
+    pthread_mutex_unlock(&r->mu);
+    fire(f);
+}
+
+/* A complete reply header: match it to its request; its values (if any)
+ * are read next, into the caller's buffers or, for a reply nobody waits
+ * for, into the sink. */
+static void lane_reply(remote_t *r, const uint8_t *hdr, uint32_t len, uint64_t data_len)
+{
+    r->rx_p = NULL;
+    r->rx_i = 0;
+    r->rx_off = 0;
+    r->rx_left = data_len;
+    r->rx_data = data_len > 0;
+    kvp__wire_reply_t rep;
+    if (kvp__wire_reply_decode(hdr, len, &rep) != KVP_OK) {
+        kvp_warn("remote: undecodable reply dropped (%u bytes)", len);
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    pending_t *p = do_find(r, rep.req_id);
+    if (!p || p->reply_done || p->wop != rep.op) {
+        pthread_mutex_unlock(&r->mu);
+        if (rep.op == 0)
+            kvp_warn("remote: server refused a request: %s", kvp_status_str(rep.status));
+        return;
+    }
+    kvp_status_t st = do_parse_reply(p, &rep, data_len);
+    p->status = st;
+    if (st == KVP_OK && data_len) {
+        r->rx_p = p; /* stays in the table until its values are in */
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    p->reply_done = 1;
+    opctx_t *f = do_maybe_done(r, p);
+    pthread_mutex_unlock(&r->mu);
+    fire(f);
+}
+
+/* Reads what the lane socket has (rx_mu held).  Returns nonzero if it
+ * read anything. */
+static int lane_rx(remote_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int fd = r->connected && atomic_load(&r->lane) ? r->tcp_fd : -1;
+    int gen = r->gen;
+    pthread_mutex_unlock(&r->mu);
+    if (fd < 0)
+        return 0;
+    if (r->rx_gen != gen) { /* a new connection: whatever was half-read is gone */
+        r->rx_gen = gen;
+        r->rx_len = 0;
+        r->rx_data = 0;
+        r->rx_p = NULL;
+    }
+    int did = 0;
+    for (;;) {
+        ssize_t k;
+        size_t want = 0;
+        if (r->rx_data) {
+            struct iovec v[LANE_IOV_MAX];
+            int n = 0;
+            pending_t *p = r->rx_p;
+            if (p) {
+                for (uint32_t i = r->rx_i; i < p->niov && n < LANE_IOV_MAX; i++) {
+                    size_t off = i == r->rx_i ? r->rx_off : 0;
+                    if (p->iov[i].length > off)
+                        v[n++] = (struct iovec){(char *)p->iov[i].buffer + off, p->iov[i].length - off};
+                }
+            } else {
+                v[n++] = (struct iovec){r->rx_sink, r->rx_left < LANE_SINK ? (size_t)r->rx_left : LANE_SINK};
+            }
+            k = readv(fd, v, n);
+        } else {
+            want = r->rx_len < KVP_LANE_HEAD ? KVP_LANE_HEAD : KVP_LANE_HEAD + (size_t)r->rx_hdr_len;
+            k = recv(fd, r->rx_buf + r->rx_len, want - r->rx_len, MSG_DONTWAIT);
+        }
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return did;
+            pthread_mutex_lock(&r->mu);
+            if (r->gen == gen)
+                do_disconnect(r, k == 0 ? "the server closed the connection" : "receive failed");
+            pthread_mutex_unlock(&r->mu);
+            wake(r);
+            return 1;
+        }
+        did = 1;
+        if (r->rx_data) {
+            r->rx_left -= (uint64_t)k;
+            if (r->rx_p) {
+                size_t adv = (size_t)k;
+                while (adv) {
+                    size_t l = r->rx_p->iov[r->rx_i].length - r->rx_off;
+                    if (adv >= l) {
+                        adv -= l;
+                        r->rx_i++;
+                        r->rx_off = 0;
+                    } else {
+                        r->rx_off += adv;
+                        adv = 0;
+                    }
+                }
+            }
+            if (r->rx_left == 0) {
+                r->rx_data = 0;
+                pending_t *p = r->rx_p;
+                r->rx_p = NULL;
+                if (p)
+                    lane_complete(r, p);
+            }
+            continue;
+        }
+        r->rx_len += (size_t)k;
+        if (r->rx_len < want)
+            continue;
+        if (want == KVP_LANE_HEAD) {
+            uint64_t data_len;
+            const char *why = NULL;
+            if (kvp__lane_head_decode(r->rx_buf, &r->rx_hdr_len, &data_len) != 0) {
+                why = "malformed reply frame";
+            } else if (KVP_LANE_HEAD + (size_t)r->rx_hdr_len > r->rx_cap) {
+                size_t need = KVP_LANE_HEAD + (size_t)r->rx_hdr_len;
+                uint8_t *nb = kvp__malloc(need);
+                if (nb) {
+                    memcpy(nb, r->rx_buf, KVP_LANE_HEAD);
+                    kvp__free(r->rx_buf, r->rx_cap);
+                    r->rx_buf = nb;
+                    r->rx_cap = need;
+                } else {
+                    why = "out of memory for a reply header";
+                }
+            }
+            if (why) {
+                pthread_mutex_lock(&r->mu);
+                if (r->gen == gen)
+                    do_disconnect(r, why);
+                pthread_mutex_unlock(&r->mu);
+                wake(r);
+                return 1;
+            }
+            r->rx_left = data_len;
+            continue;
+        }
+        r->rx_len = 0;
+        lane_reply(r, r->rx_buf + KVP_LANE_HEAD, r->rx_hdr_len, r->rx_left);
+    }
+}
+
+/* Writes p's request frame (header, then a put's values straight from the
+ * caller's buffers) on the lane socket fd, whole, before any other frame. */
+static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_t count, int iov)
+{
+    const ucp_dt_iov_t *src = iov ? data : NULL;
+    ucp_dt_iov_t one = {(void *)data, count};
+    uint32_t nsrc = iov ? (uint32_t)count : (count ? 1u : 0u);
+    if (!iov)
+        src = &one;
+    uint64_t data_len = 0;
+    for (uint32_t i = 0; i < nsrc; i++)
+        data_len += src[i].length;
+    uint8_t head[KVP_LANE_HEAD];
+    kvp__lane_head_encode(head, (uint32_t)p->w.len, data_len);
+    uint64_t total = KVP_LANE_HEAD + p->w.len + data_len, done = 0;
+    const char *why = NULL;
+    pthread_mutex_lock(&r->tx_mu);
+    while (done < total) {
+        struct iovec v[LANE_IOV_MAX];
+        int n = 0;
+        uint64_t skip = done;
+        for (uint32_t i = 0; i < 2 + nsrc && n < LANE_IOV_MAX; i++) {
+            const char *b = i == 0 ? (const char *)head : i == 1 ? (const char *)p->w.buf : src[i - 2].buffer;
+            size_t l = i == 0 ? KVP_LANE_HEAD : i == 1 ? p->w.len : src[i - 2].length;
+            if (skip >= l) {
+                skip -= l;
+                continue;
+            }
+            v[n++] = (struct iovec){(void *)(b + skip), l - skip};
+            skip = 0;
+        }
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
+        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+            done += (uint64_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* The server reads requests whatever it is sending: wait. */
+            uint64_t now = kvp__now_ns();
+            if (now >= p->deadline_ns) {
+                why = "a request could not be sent in time";
+                break;
+            }
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            uint64_t ms = (p->deadline_ns - now) / 1000000ull + 1;
+            (void)poll(&pf, 1, ms > 1000 ? 1000 : (int)ms);
+            continue;
+        }
+        why = "send failed";
+        break;
+    }
+    /* Still under tx_mu: the socket cannot close (and p be failed) meanwhile. */
+    pthread_mutex_lock(&r->mu);
+    p->send_done = 1;
+    if (why) {
+        if (why[0] == 'a')
+            p->timed_out = 1;
+        do_fail_reply(p, KVP_ERR_CONN_LOST);
+        if (r->gen == p->gen)
+            do_disconnect(r, why);
+    }
+    opctx_t *f = do_maybe_done(r, p);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->tx_mu);
+    if (why)
+        wake(r);
+    fire(f);
 }
 
 /* ---- connection teardown and deadlines (progress thread) ---- */
@@ -530,13 +798,12 @@ static void *progress_main(void *arg)
         ucp_ep_h dead = r->dead_ep;
         int dead_fd = r->dead_fd;
         int graceful = r->graceful;
-        int gen = r->gen;
+        int gen = r->dead_gen;
         int stop = r->stop && r->npending == 0 && !dead;
         int had_dead = dead || dead_fd >= 0;
         if (had_dead) {
             r->dead_ep = NULL;
             r->dead_fd = -1;
-            r->gen++;
         }
         pthread_mutex_unlock(&r->mu);
         if (had_dead) {
@@ -548,7 +815,13 @@ static void *progress_main(void *arg)
                 kvp__ucx_ep_close_force(r->worker, dead);
             if (dead_fd >= 0) {
                 epoll_ctl(r->epfd, EPOLL_CTL_DEL, dead_fd, NULL);
+                /* No lane writer or reader is using the socket when it
+                 * closes (their requests fail right after). */
+                pthread_mutex_lock(&r->tx_mu);
+                pthread_mutex_lock(&r->rx_mu);
                 close(dead_fd);
+                pthread_mutex_unlock(&r->rx_mu);
+                pthread_mutex_unlock(&r->tx_mu);
             }
             fail_generation(r, gen);
             continue;
@@ -584,6 +857,13 @@ static void *progress_main(void *arg)
                 continue;
             }
             pthread_mutex_lock(&r->mu);
+            if (fd == r->tcp_fd && r->connected && atomic_load(&r->lane)) {
+                pthread_mutex_unlock(&r->mu);
+                pthread_mutex_lock(&r->rx_mu);
+                (void)lane_rx(r);
+                pthread_mutex_unlock(&r->rx_mu);
+                continue;
+            }
             if (fd == r->tcp_fd && r->connected) {
                 char junk[64];
                 ssize_t k = recv(fd, junk, sizeof junk, MSG_DONTWAIT);
@@ -635,11 +915,17 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         return KVP_ERR_CONN_LOST;
     }
     ucp_ep_h ep = r->ep;
+    int fd = r->tcp_fd, lane = atomic_load(&r->lane);
     p->gen = r->gen;
     uint32_t to = p->op && p->op->timeout_ms ? p->op->timeout_ms : r->timeout_ms;
     p->deadline_ns = kvp__now_ns() + (uint64_t)to * 1000000ull;
     do_add(r, p);
     pthread_mutex_unlock(&r->mu);
+    if (lane) {
+        kvp__free(a, 2 * sizeof(void *));
+        lane_post(r, p, fd, data, count, iov);
+        return KVP_INPROGRESS;
+    }
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = on_send_done,
@@ -691,9 +977,11 @@ static kvp_status_t run_internal(remote_t *r, pending_t *p)
 
 static kvp_status_t connect_locked(remote_t *r)
 {
-    ucp_address_t *my;
-    size_t my_len;
-    if (ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)
+    /* kvpool's TCP transport: the hello carries no worker address. */
+    int lane = r->use_lane;
+    ucp_address_t *my = NULL;
+    size_t my_len = 0;
+    if (!lane && ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)
         return KVP_ERR_IO;
     int fd = -1;
     uint64_t key = 0;
@@ -701,7 +989,8 @@ static kvp_status_t connect_locked(remote_t *r)
     uint32_t srv_len = 0;
     kvp_status_t st = kvp__hs_client(r->host, r->port, r->token, my, (uint32_t)my_len, r->timeout_ms,
                                      &fd, &key, &srv, &srv_len);
-    ucp_worker_release_address(r->worker, my);
+    if (my)
+        ucp_worker_release_address(r->worker, my);
     if (st != KVP_OK)
         return st;
     ucp_ep_params_t ep = {
@@ -711,8 +1000,8 @@ static kvp_status_t connect_locked(remote_t *r)
         .err_mode = UCP_ERR_HANDLING_MODE_NONE,
         .err_handler = {.cb = on_ep_error, .arg = r},
     };
-    ucp_ep_h h;
-    ucs_status_t us = ucp_ep_create(r->worker, &ep, &h);
+    ucp_ep_h h = NULL;
+    ucs_status_t us = lane ? UCS_OK : ucp_ep_create(r->worker, &ep, &h);
     kvp__free(srv, srv_len);
     if (us != UCS_OK) {
         kvp_error("remote: UCX endpoint to %s:%u: %s", r->host, r->port, ucs_status_string(us));
@@ -723,6 +1012,7 @@ static kvp_status_t connect_locked(remote_t *r)
     r->ep = h;
     r->tcp_fd = fd;
     r->conn_key = key;
+    atomic_store(&r->lane, lane);
     r->connected = 1;
     pthread_mutex_unlock(&r->mu);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
@@ -746,16 +1036,17 @@ static kvp_status_t connect_locked(remote_t *r)
     }
     pending_free(p);
     if (s != KVP_OK) {
-        kvp_error("remote: %s:%u does not answer over UCX: %s", r->host, r->port, kvp_status_str(s));
+        kvp_error("remote: %s:%u does not answer over %s: %s", r->host, r->port,
+                  lane ? "the TCP transport" : "UCX", kvp_status_str(s));
         pthread_mutex_lock(&r->mu);
-        if (r->ep == h)
+        if (r->tcp_fd == fd)
             do_disconnect(r, "ping failed");
         pthread_mutex_unlock(&r->mu);
         wake(r);
         return s == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONN_REFUSED;
     }
-    kvp_info("remote: connected to %s:%u", r->host, r->port);
-    if (kvp__log_enabled(KVP_LOG_INFO)) {
+    kvp_info("remote: connected to %s:%u (%s)", r->host, r->port, lane ? "kvpool TCP transport" : "UCX");
+    if (!lane && kvp__log_enabled(KVP_LOG_INFO)) {
         char *text = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&text, &len);
@@ -1003,6 +1294,7 @@ static void remote_close(void *impl)
     if (r->ep || r->tcp_fd >= 0) {
         r->dead_ep = r->ep;
         r->dead_fd = r->tcp_fd;
+        r->dead_gen = r->gen++;
         r->ep = NULL;
         r->tcp_fd = -1;
     }
@@ -1021,7 +1313,11 @@ static void remote_close(void *impl)
     close(r->epfd);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->conn_mu);
+    pthread_mutex_destroy(&r->tx_mu);
+    pthread_mutex_destroy(&r->rx_mu);
     pthread_cond_destroy(&r->cv);
+    kvp__free(r->rx_buf, r->rx_cap);
+    kvp__free(r->rx_sink, LANE_SINK);
     if (r->token)
         kvp__free(r->token, strlen(r->token) + 1);
     kvp__free(r, sizeof *r);
@@ -1042,6 +1338,47 @@ static char *read_token_file(const char *path)
     return kvp__strdup(buf);
 }
 
+static int host_is_local(const char *host)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai)
+        return 0;
+    struct in_addr a = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+    freeaddrinfo(ai);
+    if ((ntohl(a.s_addr) >> 24) == 127)
+        return 1;
+    struct ifaddrs *ifs = NULL;
+    int local = 0;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+            local = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == a.s_addr;
+        freeifaddrs(ifs);
+    }
+    return local;
+}
+
+/* transport=auto: kvpool's TCP transport where UCX could only reach the
+ * server over tcp anyway (no RDMA transport here, and shared memory either
+ * unavailable or useless because the server is on another host). */
+static int lane_by_default(remote_t *r)
+{
+    char tls[512];
+    snprintf(tls, sizeof tls, "%s", kvp__ucx_transports(r->ctx));
+    int shm = 0, rdma = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(tls, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        if (!strcmp(t, "posix") || !strcmp(t, "sysv") || !strcmp(t, "xpmem") || !strcmp(t, "cma") ||
+            !strcmp(t, "knem"))
+            shm = 1;
+        else if (!strncmp(t, "rc", 2) || !strncmp(t, "dc", 2) || !strncmp(t, "ud", 2))
+            rdma = 1;
+    }
+    if (rdma)
+        return 0;
+    return !shm || !host_is_local(r->host);
+}
+
 static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
 {
     const char *auth = u->authority;
@@ -1057,6 +1394,17 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     if (v && (kvp__parse_duration_ns(v, &timeout_ns) != KVP_OK || timeout_ns < 1000000ull)) {
         kvp_error("remote: timeout=%s is not a duration of at least 1ms", v);
         return KVP_ERR_BAD_OPTION;
+    }
+    int transport = TRANSPORT_AUTO;
+    if ((v = kvp__uri_opt(u, "transport"))) {
+        if (!strcmp(v, "ucx"))
+            transport = TRANSPORT_UCX;
+        else if (!strcmp(v, "tcp"))
+            transport = TRANSPORT_TCP;
+        else if (strcmp(v, "auto") != 0) {
+            kvp_error("remote: transport=%s: expected auto, ucx or tcp", v);
+            return KVP_ERR_BAD_OPTION;
+        }
     }
     char *token = NULL;
     if ((v = kvp__uri_opt(u, "token_file"))) {
@@ -1079,12 +1427,21 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     r->tcp_fd = r->dead_fd = -1;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->conn_mu, NULL);
+    pthread_mutex_init(&r->tx_mu, NULL);
+    pthread_mutex_init(&r->rx_mu, NULL);
     pthread_cond_init(&r->cv, NULL);
+    r->transport = transport;
+    r->rx_gen = -1;
+    r->rx_buf = kvp__malloc(LANE_RX_START);
+    r->rx_cap = LANE_RX_START;
+    r->rx_sink = kvp__malloc(LANE_SINK);
     r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     r->epfd = epoll_create1(EPOLL_CLOEXEC);
-    st = kvp__ucx_open("client", KVP_UCX_CLIENT, &r->ctx, &r->worker);
+    st = r->rx_buf && r->rx_sink ? kvp__ucx_open("client", KVP_UCX_CLIENT, &r->ctx, &r->worker)
+                                  : KVP_ERR_NO_MEMORY;
     if (st != KVP_OK)
         goto err;
+    r->use_lane = transport == TRANSPORT_TCP || (transport == TRANSPORT_AUTO && lane_by_default(r));
     int wfd = -1;
     ucp_worker_get_efd(r->worker, &wfd);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = wfd};
@@ -1120,6 +1477,8 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
 err:
     close(r->wake_fd);
     close(r->epfd);
+    kvp__free(r->rx_buf, r->rx_cap);
+    kvp__free(r->rx_sink, LANE_SINK);
     if (r->token)
         kvp__free(r->token, strlen(r->token) + 1);
     kvp__free(r, sizeof *r);
@@ -1187,7 +1546,17 @@ static void remote_drive(void *impl, _Atomic int *done, uint64_t until_ns)
     for (;;) {
         if (atomic_load(done))
             break;
-        if (ucp_worker_progress(r->worker)) {
+        int did;
+        if (atomic_load(&r->lane)) {
+            did = 0;
+            if (pthread_mutex_trylock(&r->rx_mu) == 0) {
+                did = lane_rx(r);
+                pthread_mutex_unlock(&r->rx_mu);
+            }
+        } else {
+            did = (int)ucp_worker_progress(r->worker);
+        }
+        if (did) {
             last_work = kvp__now_ns();
             continue;
         }

@@ -41,14 +41,14 @@ kvp_status_t kvp__hs_parse_hello(const uint8_t *buf, size_t len, kvp__hs_hello_t
     if (be(buf + 4, 2) != KVP_HS_VERSION)
         return KVP_ERR_VERSION;
     uint32_t tl = (uint32_t)be(buf + 6, 2), al = (uint32_t)be(buf + 8, 4);
-    if (tl > KVP_HS_TOKEN_MAX || al == 0 || al > KVP_HS_ADDR_MAX)
+    if (tl > KVP_HS_TOKEN_MAX || al > KVP_HS_ADDR_MAX)
         return KVP_ERR_PROTOCOL;
     size_t need = KVP_HS_HELLO_FIXED + (size_t)tl + al;
     if (len < need)
         return KVP_INPROGRESS;
     h->token = tl ? buf + KVP_HS_HELLO_FIXED : NULL;
     h->token_len = tl;
-    h->addr = buf + KVP_HS_HELLO_FIXED + tl;
+    h->addr = al ? buf + KVP_HS_HELLO_FIXED + tl : NULL;
     h->addr_len = al;
     *used_p = need;
     return KVP_OK;
@@ -159,7 +159,8 @@ kvp_status_t kvp__hs_client(const char *host, uint16_t port, const char *token, 
     put_be(hello + 8, addr_len, 4);
     if (tl)
         memcpy(hello + KVP_HS_HELLO_FIXED, token, tl);
-    memcpy(hello + KVP_HS_HELLO_FIXED + tl, addr, addr_len);
+    if (addr_len)
+        memcpy(hello + KVP_HS_HELLO_FIXED + tl, addr, addr_len);
     st = io_all(fd, hello, hl, 1, deadline);
     kvp__free(hello, hl);
     uint8_t fixed[KVP_HS_REPLY_FIXED];

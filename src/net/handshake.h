@@ -5,7 +5,10 @@
  *   client -> server  "KVPH" u16 version  u16 token_len  u32 addr_len  token  addr
  *   server -> client  "KVPH" u16 version  i16 status     u64 conn_key  u32 addr_len  addr
  *
- * (integers big-endian; addr = the sender's UCX worker address).  The token
+ * (integers big-endian; addr = the sender's UCX worker address).  A client
+ * hello with addr_len 0 asks for kvpool's TCP transport instead of UCX: the
+ * socket itself then carries requests and replies as frames (net/lane.h).
+ * The token
  * is checked here, so an unauthorised client never gets a UCX endpoint.
  * Exchanging worker addresses (instead of UCX's sockaddr connection mode)
  * lets UCX pick every transport both sides reach, shared memory included.

@@ -14,6 +14,12 @@
  * object ever becomes visible.
  * Get: each found value is leased and the reply is sent straight from the
  * arena (an iov of leased slices); the leases end when the send completes.
+ *
+ * Connections on kvpool's TCP transport (net/lane.h) have no UCX endpoint:
+ * the same requests arrive as frames on the connection's socket, a put's
+ * values are read from it straight into the reserved slots, and replies
+ * are queued and written (get values straight from the leased slices) as
+ * the socket takes them.  Same handlers, same rules.
  */
 #include "server/server.h"
 
@@ -29,6 +35,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -37,6 +44,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "net/handshake.h"
+#include "net/lane.h"
 #include "net/ucx.h"
 #include "net/wire.h"
 #include "server/metrics.h"
@@ -71,12 +79,25 @@ typedef struct conn {
     uint64_t inflight;
     uint64_t dead_since_ns;
     struct reply *replies;  /* replies being sent to this connection */
+    /* kvpool's TCP transport (net/lane.h): no UCX endpoint, frames on src.fd */
+    int lane;
+    uint8_t *rx_buf;        /* frame head + request header being read */
+    size_t rx_cap, rx_len;
+    uint32_t rx_hdr_len;
+    struct put_ctx *rx_put; /* a put whose values are being read */
+    uint64_t rx_left;       /* its bytes still to come */
+    uint32_t rx_i;          /* position in rx_put->iov */
+    size_t rx_off;
+    struct reply *tx_head, *tx_tail; /* replies waiting for the socket, in order */
+    int tx_wait;            /* EPOLLOUT armed */
 } conn_t;
 
 #define KEY_BUCKETS 1024
 #define HS_BUF_MAX (KVP_HS_HELLO_FIXED + KVP_HS_TOKEN_MAX + KVP_HS_ADDR_MAX)
 #define HS_TIMEOUT_NS (5ull * 1000000000ull)
 #define DRAIN_MAX_NS (10ull * 1000000000ull) /* SIGTERM waits this long at most for requests in flight */
+#define LANE_RX_START (64u * 1024u) /* the lane's header buffer grows from this as headers need */
+#define LANE_IOV_MAX 64
 #define ABANDON_AFTER_NS (2ull * 1000000000ull) /* see conn_abandon_replies */
 
 typedef struct server {
@@ -117,6 +138,9 @@ typedef struct reply {
     ucp_dt_iov_t *iov;
     uint64_t t0;
     uint32_t op;
+    struct reply *tx_next;     /* lane: the connection's send queue */
+    uint64_t tx_done;          /* lane: bytes of the frame written */
+    uint8_t head[KVP_LANE_HEAD];
 } reply_t;
 
 /* A put whose payload is still arriving. */
@@ -129,6 +153,7 @@ typedef struct put_ctx {
     kvp__resv_t **resv;     /* NULL entry: key not being stored */
     kvp_key_result_t *res;
     ucp_dt_iov_t *iov;
+    kvp_status_t refuse;    /* lane: the values are read and dropped, the put answered with this */
 } put_ctx_t;
 
 static conn_t *conn_by_key(server_t *s, uint64_t key)
@@ -231,6 +256,8 @@ static reply_t *reply_new(server_t *s, conn_t *c, uint32_t op)
     return r;
 }
 
+static void lane_tx(server_t *s, conn_t *c);
+
 /* Sends r (its header plus, for get, the leased slices) and takes ownership. */
 static void reply_send(reply_t *r)
 {
@@ -238,6 +265,21 @@ static void reply_send(reply_t *r)
         if (r->w.err)
             kvp_error("server: out of memory encoding a reply");
         reply_free(r);
+        return;
+    }
+    if (r->c->lane) {
+        uint64_t bytes = 0;
+        for (uint32_t i = 0; i < r->nleases; i++)
+            bytes += r->iov[i].length;
+        kvp__lane_head_encode(r->head, (uint32_t)r->w.len, bytes);
+        conn_t *c = r->c;
+        if (c->tx_tail)
+            c->tx_tail->tx_next = r;
+        else
+            c->tx_head = r;
+        c->tx_tail = r;
+        if (!c->tx_wait)
+            lane_tx(r->s, c);
         return;
     }
     ucp_request_param_t prm = {
@@ -321,7 +363,9 @@ static void put_finish(put_ctx_t *pc, ucs_status_t recv_status)
     if (recv_status != UCS_OK)
         kvp_warn("server: put payload from conn %llu failed (%s); %u reservation(s) aborted",
                  (unsigned long long)pc->c->id, ucs_status_string(recv_status), pc->n);
-    if (conn_live(pc->c))
+    if (conn_live(pc->c) && pc->refuse != KVP_OK)
+        reply_status(s, pc->c, KVP_WOP_PUT, pc->req_id, pc->refuse);
+    else if (conn_live(pc->c))
         reply_results(s, pc->c, KVP_WOP_PUT, pc->req_id, pc->res, pc->n, 0);
     kvp__metrics_observe(&s->ctr, KVP_WOP_PUT, kvp__now_ns() - pc->t0);
     pc->c->inflight--;
@@ -340,8 +384,12 @@ static void put_received(void *request, ucs_status_t status, size_t length, void
     ucp_request_free(request);
 }
 
-static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq, void *data,
-                               size_t length, const ucp_am_recv_param_t *param)
+/* Reserves a slot for every value of a put (none when refuse is an error:
+ * the values are then dropped); returns the context whose iov[] says where
+ * each value goes, or NULL (out of memory; answered).  *stored_p: how many
+ * slots were reserved. */
+static put_ctx_t *put_prepare(server_t *s, conn_t *c, const kvp__wire_req_t *rq, kvp_status_t refuse,
+                              uint32_t *stored_p)
 {
     uint32_t n = rq->nkeys;
     put_ctx_t *pc = kvp__calloc(1, sizeof *pc);
@@ -354,9 +402,9 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
         kvp__free(res, (n ? n : 1) * sizeof *res);
         kvp__free(iov, (n ? n : 1) * sizeof *iov);
         reply_status(s, c, KVP_WOP_PUT, rq->req_id, KVP_ERR_NO_MEMORY);
-        return UCS_OK;
+        return NULL;
     }
-    *pc = (put_ctx_t){s, c, rq->req_id, n, kvp__now_ns(), resv, res, iov};
+    *pc = (put_ctx_t){s, c, rq->req_id, n, kvp__now_ns(), resv, res, iov, refuse};
     c->inflight++;
     s->inflight++;
     s->inflight_puts++;
@@ -366,7 +414,9 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
         uint32_t flags = 0;
         res[i].size = rq->sizes[i];
         kvp_status_t st = KVP_OK;
-        if (rq->sizes[i] > kvp__store_max_value(s->store))
+        if (refuse != KVP_OK)
+            st = refuse;
+        else if (rq->sizes[i] > kvp__store_max_value(s->store))
             st = KVP_ERR_VALUE_TOO_LARGE;
         else
             st = kvp__store_reserve(s->store, rq->keys[i].data, rq->keys[i].len, rq->sizes[i], 1,
@@ -377,6 +427,19 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
         iov[i].length = rq->sizes[i];
         stored += dst != NULL;
     }
+    *stored_p = stored;
+    return pc;
+}
+
+static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
+{
+    uint32_t n = rq->nkeys, stored = 0;
+    put_ctx_t *pc = put_prepare(s, c, rq, KVP_OK, &stored);
+    if (!pc)
+        return UCS_OK;
+    kvp__resv_t **resv = pc->resv;
+    ucp_dt_iov_t *iov = pc->iov;
     if (stored == 0) {
         /* Nothing to keep (every key existed or had no space): returning
          * without receiving drops a rendezvous descriptor, so those bytes
@@ -558,6 +621,20 @@ static void conn_kill(server_t *s, conn_t *c, const char *why)
         kvp_warn("server: handshake %llu dropped: %s", (unsigned long long)c->id, why);
     c->state = CONN_DEAD;
     c->dead_since_ns = kvp__now_ns();
+    if (c->rx_put) {
+        /* Values cut off mid-way: every reservation of that put is aborted. */
+        put_ctx_t *pc = c->rx_put;
+        c->rx_put = NULL;
+        put_finish(pc, UCS_ERR_CONNECTION_RESET);
+    }
+    while (c->tx_head) {
+        reply_t *r = c->tx_head;
+        c->tx_head = r->tx_next;
+        reply_free(r);
+    }
+    c->tx_tail = NULL;
+    kvp__free(c->rx_buf, c->rx_cap);
+    c->rx_buf = NULL;
     if (c->src.fd >= 0) {
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
         close(c->src.fd);
@@ -696,6 +773,197 @@ static ucs_status_t on_request(void *arg, const void *header, size_t header_leng
     return UCS_OK;
 }
 
+/* ---- kvpool's TCP transport (net/lane.h) ---- */
+
+static void lane_want_out(server_t *s, conn_t *c, int on)
+{
+    if (c->tx_wait == on)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u), .data.ptr = &c->src};
+    epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->src.fd, &ev);
+    c->tx_wait = on;
+}
+
+/* Writes queued replies (frame head, header, leased values) until the
+ * socket is full; a written reply releases its leases. */
+static void lane_tx(server_t *s, conn_t *c)
+{
+    while (c->tx_head && conn_live(c)) {
+        reply_t *r = c->tx_head;
+        struct iovec v[LANE_IOV_MAX];
+        int n = 0;
+        uint64_t skip = r->tx_done, total = 0;
+        for (uint32_t i = 0; i < 2 + r->nleases; i++) {
+            const char *b = i == 0 ? (const char *)r->head : i == 1 ? (const char *)r->w.buf : r->iov[i - 2].buffer;
+            size_t l = i == 0 ? KVP_LANE_HEAD : i == 1 ? r->w.len : r->iov[i - 2].length;
+            total += l;
+            if (skip >= l) {
+                skip -= l;
+                continue;
+            }
+            if (n < LANE_IOV_MAX)
+                v[n++] = (struct iovec){(void *)(b + skip), l - skip};
+            skip = 0;
+        }
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
+        ssize_t k = sendmsg(c->src.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                lane_want_out(s, c, 1);
+                return;
+            }
+            conn_kill(s, c, "send failed");
+            return;
+        }
+        r->tx_done += (uint64_t)k;
+        if (r->tx_done < total)
+            continue;
+        c->tx_head = r->tx_next;
+        if (!c->tx_head)
+            c->tx_tail = NULL;
+        kvp__metrics_observe(&s->ctr, r->op, kvp__now_ns() - r->t0);
+        reply_free(r);
+    }
+    if (conn_live(c))
+        lane_want_out(s, c, 0);
+}
+
+/* One complete request frame header; data_len bytes of values follow. */
+static void lane_request(server_t *s, conn_t *c, const uint8_t *hdr, uint32_t len, uint64_t data_len)
+{
+    atomic_fetch_add(&s->ctr.requests, 1);
+    kvp__wire_req_t rq;
+    kvp_status_t st = kvp__wire_req_decode(hdr, len, &rq, s->keys_buf, s->sizes_buf, KVP_BATCH_MAX);
+    const char *why = NULL;
+    if (st != KVP_OK)
+        why = "undecodable request";
+    else if (rq.op == KVP_WOP_IN_DATA || rq.conn_key != c->key)
+        why = "request not valid on this connection";
+    else if ((rq.op == KVP_WOP_PUT) != (data_len > 0) || (rq.op == KVP_WOP_PUT && data_len != rq.payload))
+        why = "frame data do not match the request";
+    if (why) {
+        atomic_fetch_add(&s->ctr.bad_requests, 1);
+        if (st != KVP_OK && data_len == 0) {
+            /* A header alone: answer it, the stream is still in step. */
+            kvp_warn("server: conn %llu: %s (%s)", (unsigned long long)c->id, why, kvp_status_str(st));
+            reply_status(s, c, 0, 0, st);
+            return;
+        }
+        conn_kill(s, c, why);
+        return;
+    }
+    if (rq.op != KVP_WOP_PUT) {
+        dispatch(s, c, &rq);
+        return;
+    }
+    atomic_fetch_add(&s->ctr.ops[rq.op], 1);
+    uint32_t stored;
+    put_ctx_t *pc = put_prepare(s, c, &rq, s->draining ? KVP_ERR_CLOSED : KVP_OK, &stored);
+    if (!pc) {
+        conn_kill(s, c, "out of memory for a put");
+        return;
+    }
+    /* The values are read next, straight into their slots (or dropped). */
+    c->rx_put = pc;
+    c->rx_left = data_len;
+    c->rx_i = 0;
+    c->rx_off = 0;
+}
+
+/* Reads what the socket has: frame heads, request headers, put values. */
+static void lane_rx(server_t *s, conn_t *c)
+{
+    while (conn_live(c)) {
+        ssize_t k;
+        if (c->rx_put) {
+            put_ctx_t *pc = c->rx_put;
+            struct iovec v[LANE_IOV_MAX];
+            int n = 0;
+            for (uint32_t i = c->rx_i; i < pc->n && n < LANE_IOV_MAX; i++) {
+                size_t off = i == c->rx_i ? c->rx_off : 0;
+                if (pc->iov[i].length > off)
+                    v[n++] = (struct iovec){(char *)pc->iov[i].buffer + off, pc->iov[i].length - off};
+            }
+            k = readv(c->src.fd, v, n);
+            if (k <= 0) {
+                if (k < 0 && errno == EINTR)
+                    continue;
+                if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                    return;
+                conn_kill(s, c, k == 0 ? "client closed its connection in the middle of a put" : "receive failed");
+                return;
+            }
+            c->rx_left -= (uint64_t)k;
+            size_t adv = (size_t)k;
+            while (adv) {
+                size_t l = pc->iov[c->rx_i].length - c->rx_off;
+                if (adv >= l) {
+                    adv -= l;
+                    c->rx_i++;
+                    c->rx_off = 0;
+                } else {
+                    c->rx_off += adv;
+                    adv = 0;
+                }
+            }
+            if (c->rx_left == 0) {
+                c->rx_put = NULL;
+                put_finish(pc, UCS_OK);
+            }
+            continue;
+        }
+        size_t want = c->rx_len < KVP_LANE_HEAD ? KVP_LANE_HEAD : KVP_LANE_HEAD + (size_t)c->rx_hdr_len;
+        k = recv(c->src.fd, c->rx_buf + c->rx_len, want - c->rx_len, 0);
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return;
+            conn_kill(s, c, k == 0 ? (c->rx_len ? "client closed its connection mid-frame" : "client closed its connection")
+                                   : "receive failed");
+            return;
+        }
+        c->rx_len += (size_t)k;
+        if (c->rx_len < want)
+            continue;
+        if (want == KVP_LANE_HEAD) {
+            uint64_t data_len;
+            if (kvp__lane_head_decode(c->rx_buf, &c->rx_hdr_len, &data_len) != 0) {
+                atomic_fetch_add(&s->ctr.bad_requests, 1);
+                conn_kill(s, c, "malformed frame head");
+                return;
+            }
+            c->rx_left = data_len;
+            size_t need = KVP_LANE_HEAD + (size_t)c->rx_hdr_len;
+            if (need > c->rx_cap) {
+                uint8_t *nb = kvp__malloc(need);
+                if (!nb) {
+                    conn_kill(s, c, "out of memory for a request header");
+                    return;
+                }
+                memcpy(nb, c->rx_buf, KVP_LANE_HEAD);
+                kvp__free(c->rx_buf, c->rx_cap);
+                c->rx_buf = nb;
+                c->rx_cap = need;
+            }
+            continue;
+        }
+        c->rx_len = 0;
+        lane_request(s, c, c->rx_buf + KVP_LANE_HEAD, c->rx_hdr_len, c->rx_left);
+        if (c->rx_cap > LANE_RX_START && conn_live(c) && !c->rx_put) {
+            /* a large header was a one-off: give the memory back */
+            uint8_t *nb = kvp__malloc(LANE_RX_START);
+            if (nb) {
+                kvp__free(c->rx_buf, c->rx_cap);
+                c->rx_buf = nb;
+                c->rx_cap = LANE_RX_START;
+            }
+        }
+    }
+}
+
 /* ---- connections ---- */
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -748,7 +1016,21 @@ static void finish_handshake(server_t *s, conn_t *c, const kvp__hs_hello_t *h)
         .err_mode = UCP_ERR_HANDLING_MODE_NONE,
         .err_handler = {.cb = on_ep_error, .arg = s},
     };
-    ucs_status_t st = ucp_ep_create(s->worker, &ep, &c->ep);
+    /* No worker address: the client asks for kvpool's TCP transport. */
+    c->lane = h->addr_len == 0;
+    ucs_status_t st = UCS_OK;
+    if (c->lane) {
+        c->rx_buf = kvp__malloc(LANE_RX_START);
+        c->rx_cap = LANE_RX_START;
+        if (!c->rx_buf) {
+            size_t n = kvp__hs_encode_reply(reply, KVP_ERR_NO_MEMORY, 0, NULL, 0);
+            (void)!send(c->src.fd, reply, n, MSG_NOSIGNAL);
+            conn_kill(s, c, "out of memory");
+            return;
+        }
+    } else {
+        st = ucp_ep_create(s->worker, &ep, &c->ep);
+    }
     if (st != UCS_OK) {
         size_t n = kvp__hs_encode_reply(reply, KVP_ERR_IO, 0, NULL, 0);
         (void)!send(c->src.fd, reply, n, MSG_NOSIGNAL);
@@ -769,7 +1051,7 @@ static void finish_handshake(server_t *s, conn_t *c, const kvp__hs_hello_t *h)
     c->hs_buf = NULL;
     c->state = CONN_READY;
     atomic_fetch_add(&s->ctr.accepted, 1);
-    kvp_debug("server: conn %llu ready", (unsigned long long)c->id);
+    kvp_debug("server: conn %llu ready (%s)", (unsigned long long)c->id, c->lane ? "tcp transport" : "UCX");
 }
 
 static void on_conn_readable(server_t *s, conn_t *c, uint32_t events)
@@ -793,6 +1075,13 @@ static void on_conn_readable(server_t *s, conn_t *c, uint32_t events)
             return;
         }
         finish_handshake(s, c, &h);
+        return;
+    }
+    if (c->lane) {
+        if (events & EPOLLOUT)
+            lane_tx(s, c);
+        if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+            lane_rx(s, c);
         return;
     }
     /* Ready: nothing may arrive on the socket; EOF means the client died. */

@@ -6,6 +6,7 @@
  */
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -19,6 +20,7 @@
 #include "common/clock.h"
 #include "common/mp.h"
 #include "net/handshake.h"
+#include "net/lane.h"
 #include "net/ucx.h"
 #include "net/wire.h"
 #include "pool_contract.h"
@@ -141,6 +143,25 @@ static kvp_pool_t *open_ok(const char *uri)
 KVP_CONTRACT_LIST(DEF)
 #undef DEF
 
+/* ... and against kvpool's TCP transport (net/lane.h) instead of UCX. */
+static const char *lane_uri(const server_t *s)
+{
+    static char uri[sizeof s->uri + 32];
+    snprintf(uri, sizeof uri, "%s&transport=tcp", s->uri);
+    return uri;
+}
+
+#define DEF(name)                                      \
+    TEST(test_server_lane_contract_##name)             \
+    {                                                  \
+        server_t s = {0};                              \
+        server_start(&s, "8MiB", 0, NULL);             \
+        kvp_contract_##name(lane_uri(&s));             \
+        ASSERT_EQ(server_stop(&s, SIGTERM), 0);        \
+    }
+KVP_CONTRACT_LIST(DEF)
+#undef DEF
+
 /* ---- failures ---- */
 
 static void put_pattern(kvp_pool_t *p, const char *key, size_t size, uint8_t seed, kvp_status_t *st_p)
@@ -178,16 +199,17 @@ static int check_pattern(kvp_pool_t *p, const char *key, size_t size, uint8_t se
     return 1;
 }
 
-TEST(test_server_client_killed_mid_put_leaves_nothing)
+static void killed_mid_put(int lane)
 {
     server_t s = {0};
     server_start(&s, "512MiB", 0, NULL);
+    const char *uri = lane ? lane_uri(&s) : s.uri;
     int pfd[2];
     ASSERT_EQ(pipe(pfd), 0);
     pid_t child = fork();
     if (child == 0) {
         close(pfd[0]);
-        kvp_pool_t *p = open_ok(s.uri);
+        kvp_pool_t *p = open_ok(uri);
         for (int i = 0;; i++) {
             char key[32];
             snprintf(key, sizeof key, "big-%d", i);
@@ -204,7 +226,7 @@ TEST(test_server_client_killed_mid_put_leaves_nothing)
     kill(child, SIGKILL); /* right after a put started */
     waitpid(child, NULL, 0);
     close(pfd[0]);
-    kvp_pool_t *p = open_ok(s.uri);
+    kvp_pool_t *p = open_ok(uri);
     kvp_pool_stats_t st;
     for (int i = 0; i < 300; i++) {
         ASSERT_OK(kvp_pool_stats(p, &st));
@@ -227,6 +249,9 @@ TEST(test_server_client_killed_mid_put_leaves_nothing)
     kvp_pool_close(p);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
+
+TEST(test_server_client_killed_mid_put_leaves_nothing) { killed_mid_put(0); }
+TEST(test_server_lane_client_killed_mid_put_leaves_nothing) { killed_mid_put(1); }
 
 TEST(test_server_killed_then_restarted_conn_lost_then_reconnect)
 {
@@ -266,13 +291,14 @@ typedef struct {
     uint64_t deadline;
     _Atomic int *bad;
     _Atomic uint64_t *ops;
+    kvp_pool_t *shared;     /* a handle all threads of the process use, or NULL: one each */
 } load_arg_t;
 
 static void *load_thread(void *arg)
 {
     load_arg_t *a = arg;
-    kvp_pool_t *p = NULL;
-    kvp_status_t ost = kvp_pool_open(a->uri, &p);
+    kvp_pool_t *p = a->shared;
+    kvp_status_t ost = p ? KVP_OK : kvp_pool_open(a->uri, &p);
     if (ost != KVP_OK) {
         fprintf(stderr, "  load %d.%d: open: %s\n", a->proc, a->thread, kvp_status_name(ost));
         atomic_fetch_add(a->bad, 1);
@@ -318,7 +344,8 @@ static void *load_thread(void *arg)
         }
         atomic_fetch_add(a->ops, 1);
     }
-    kvp_pool_close(p);
+    if (!a->shared)
+        kvp_pool_close(p);
     return NULL;
 }
 
@@ -328,22 +355,29 @@ TEST(test_server_64_connections_mixed_load_verified)
     server_start(&s, "256MiB", 0, NULL);
     const char *dur = getenv("KVP_TEST_LOAD_SECONDS");
     uint64_t secs = dur ? (uint64_t)atoi(dur) : 3;
-    enum { PROCS = 4, THREADS = 16 };
+    enum { PROCS = 5, THREADS = 16 };
     pid_t kids[PROCS];
     for (int pi = 0; pi < PROCS; pi++) {
         kids[pi] = fork();
         if (kids[pi] == 0) {
+            /* 64 connections: processes 0 and 1 over UCX, 2 and 3 over
+             * kvpool's TCP transport; plus process 4, whose 16 threads
+             * share one TCP-transport connection */
+            const char *uri = pi < 2 ? s.uri : lane_uri(&s);
+            kvp_pool_t *shared = pi == 4 ? open_ok(uri) : NULL;
             _Atomic int bad = 0;
             _Atomic uint64_t ops = 0;
             pthread_t t[THREADS];
             load_arg_t a[THREADS];
             uint64_t deadline = kvp__now_ns() + secs * 1000000000ull;
             for (int ti = 0; ti < THREADS; ti++) {
-                a[ti] = (load_arg_t){s.uri, pi, ti, deadline, &bad, &ops};
+                a[ti] = (load_arg_t){uri, pi, ti, deadline, &bad, &ops, shared};
                 pthread_create(&t[ti], NULL, load_thread, &a[ti]);
             }
             for (int ti = 0; ti < THREADS; ti++)
                 pthread_join(t[ti], NULL);
+            if (shared)
+                kvp_pool_close(shared);
             fprintf(stderr, "  load proc %d: %llu ops, %d bad\n", pi, (unsigned long long)ops, bad);
             _exit(bad == 0 && ops > 0 ? 0 : 1);
         }
@@ -389,13 +423,16 @@ TEST(test_server_falls_back_when_ucx_tls_unusable)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
-/* The same traffic with UCX restricted to TCP on both sides. */
-TEST(test_server_ucx_tls_tcp)
+/* The same traffic with UCX restricted to TCP on both sides: by default the
+ * client then takes kvpool's TCP transport; transport=ucx keeps UCX. */
+static void tls_tcp(const char *transport)
 {
     server_t s = {0};
     setenv("UCX_TLS", "tcp", 1);
     server_start(&s, "64MiB", 0, NULL);
-    kvp_pool_t *p = open_ok(s.uri);
+    char uri[sizeof s.uri + 32];
+    snprintf(uri, sizeof uri, "%s%s", s.uri, transport);
+    kvp_pool_t *p = open_ok(uri);
     kvp_status_t st;
     for (int i = 0; i < 8; i++) {
         char key[32];
@@ -412,6 +449,9 @@ TEST(test_server_ucx_tls_tcp)
     unsetenv("UCX_TLS");
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
+
+TEST(test_server_ucx_tls_tcp) { tls_tcp(""); }
+TEST(test_server_ucx_tls_tcp_transport_ucx) { tls_tcp("&transport=ucx"); }
 
 /* ---- tokens ---- */
 
@@ -595,6 +635,168 @@ TEST(test_server_bad_input_keeps_serving_others)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* ---- bad frames on kvpool's TCP transport ---- */
+
+static int lane_raw_connect(uint16_t port, uint64_t *key)
+{
+    int fd;
+    void *srv;
+    uint32_t srv_len;
+    ASSERT_OK(kvp__hs_client("127.0.0.1", port, NULL, NULL, 0, 5000, &fd, key, &srv, &srv_len));
+    free(srv);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+static void lane_raw_frame(int fd, const void *hdr, uint32_t hlen, uint64_t data_claimed, const void *data,
+                           size_t dlen)
+{
+    uint8_t head[KVP_LANE_HEAD];
+    kvp__lane_head_encode(head, hlen, data_claimed);
+    (void)!send(fd, head, sizeof head, MSG_NOSIGNAL);
+    if (hlen)
+        (void)!send(fd, hdr, hlen, MSG_NOSIGNAL);
+    if (dlen)
+        (void)!send(fd, data, dlen, MSG_NOSIGNAL);
+}
+
+/* The next event on fd within 5 s: 1 = a reply frame (its op and status
+ * returned), 0 = the server closed the connection. */
+static int lane_raw_next(int fd, uint32_t *op, kvp_status_t *status)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    ASSERT_MSG(poll(&pf, 1, 5000) == 1, "no answer and no close within 5 s");
+    uint8_t head[KVP_LANE_HEAD];
+    ssize_t k = recv(fd, head, sizeof head, MSG_WAITALL);
+    if (k <= 0)
+        return 0;
+    ASSERT_EQ(k, (ssize_t)sizeof head);
+    uint32_t hl;
+    uint64_t dl;
+    ASSERT_EQ(kvp__lane_head_decode(head, &hl, &dl), 0);
+    uint8_t *hdr = malloc(hl);
+    ASSERT_EQ(recv(fd, hdr, hl, MSG_WAITALL), (ssize_t)hl);
+    kvp__wire_reply_t rep;
+    ASSERT_OK(kvp__wire_reply_decode(hdr, hl, &rep));
+    free(hdr);
+    for (uint64_t left = dl; left;) { /* values: not looked at */
+        char sink[4096];
+        ssize_t r = recv(fd, sink, left < sizeof sink ? left : sizeof sink, 0);
+        ASSERT(r > 0);
+        left -= (uint64_t)r;
+    }
+    *op = rep.op;
+    *status = rep.status;
+    return 1;
+}
+
+static void lane_expect_closed(int fd)
+{
+    uint32_t op;
+    kvp_status_t st;
+    ASSERT_EQ(lane_raw_next(fd, &op, &st), 0);
+    close(fd);
+}
+
+TEST(test_server_lane_bad_frames_keep_serving_others)
+{
+    server_t s = {0};
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *healthy = open_ok(lane_uri(&s));
+    int round = 0;
+    healthy_round(healthy, round++);
+    uint8_t buf[512];
+    kvp__mpw_t w;
+    uint32_t op;
+    kvp_status_t st;
+    char *junk = malloc(1 << 20);
+    for (int i = 0; i < (1 << 20); i++)
+        junk[i] = (char)(i * 131 + 7);
+    kvp_key_t k = kvp_key_str("lane-x");
+    uint64_t sz = 100000;
+
+    /* An undecodable header without data: answered with an error, and the
+     * connection stays in step (a valid request after it is answered). */
+    uint64_t key;
+    int fd = lane_raw_connect(s.port, &key);
+    lane_raw_frame(fd, junk, 40, 0, NULL, 0);
+    ASSERT_EQ(lane_raw_next(fd, &op, &st), 1);
+    ASSERT_EQ(op, 0u);
+    ASSERT(st == KVP_ERR_PROTOCOL || st == KVP_ERR_VERSION);
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp__wire_req_encode(&w, KVP_WOP_EXISTS, 9, 0, key, &k, 1, NULL);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 0, NULL, 0);
+    ASSERT_EQ(lane_raw_next(fd, &op, &st), 1);
+    ASSERT_EQ(op, (uint32_t)KVP_WOP_EXISTS);
+    ASSERT_OK(st);
+    close(fd);
+    healthy_round(healthy, round++);
+
+    /* Frame heads out of bounds: header length 0, or beyond the limit. */
+    fd = lane_raw_connect(s.port, &key);
+    lane_raw_frame(fd, NULL, 0, 0, NULL, 0);
+    lane_expect_closed(fd);
+    fd = lane_raw_connect(s.port, &key);
+    lane_raw_frame(fd, NULL, KVP_WIRE_HEADER_MAX + 1, 0, NULL, 0);
+    lane_expect_closed(fd);
+    healthy_round(healthy, round++);
+
+    /* A put whose frame carries fewer bytes than its sizes, one with data
+     * on a non-put, and a request naming another connection's key. */
+    kvp__mpw_init(&w, buf, sizeof buf);
+    fd = lane_raw_connect(s.port, &key);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 5, 0, key, &k, 1, &sz);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 50, junk, 50);
+    lane_expect_closed(fd);
+    kvp__mpw_init(&w, buf, sizeof buf);
+    fd = lane_raw_connect(s.port, &key);
+    kvp__wire_req_encode(&w, KVP_WOP_EXISTS, 6, 0, key, &k, 1, NULL);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 10, junk, 10);
+    lane_expect_closed(fd);
+    kvp__mpw_init(&w, buf, sizeof buf);
+    fd = lane_raw_connect(s.port, &key);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 7, 0, key ^ 1, &k, 1, &sz);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, sz, junk, sz);
+    lane_expect_closed(fd);
+    healthy_round(healthy, round++);
+
+    /* A put cut off in the middle of its values: nothing becomes visible
+     * and its reservation is given back. */
+    kvp__mpw_init(&w, buf, sizeof buf);
+    fd = lane_raw_connect(s.port, &key);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 8, 0, key, &k, 1, &sz);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, sz, junk, sz / 2);
+    kvp_pool_stats_t pst;
+    for (int i = 0; i < 500; i++) { /* until the server holds the reservation */
+        ASSERT_OK(kvp_pool_stats(healthy, &pst));
+        if (pst.reserved)
+            break;
+        sleep_ms(2);
+    }
+    ASSERT_EQ(pst.reserved, 1);
+    close(fd);
+    for (int i = 0; i < 500; i++) {
+        ASSERT_OK(kvp_pool_stats(healthy, &pst));
+        if (!pst.reserved)
+            break;
+        sleep_ms(2);
+    }
+    ASSERT_EQ(pst.reserved, 0);
+    ASSERT_EQ(check_pattern(healthy, "lane-x", sz, 0), 0);
+
+    /* 1 MiB of junk after a good handshake. */
+    fd = lane_raw_connect(s.port, &key);
+    (void)!send(fd, junk, 1 << 20, MSG_NOSIGNAL);
+    lane_expect_closed(fd);
+    healthy_round(healthy, round++);
+
+    free(junk);
+    ASSERT_OK(kvp_pool_stats(healthy, &pst));
+    ASSERT_EQ(pst.live, (uint64_t)round);
+    kvp_pool_close(healthy);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* SIGTERM: the put in flight finishes, then the server exits 0. */
 typedef struct {
     const char *uri;
@@ -637,7 +839,10 @@ TEST(test_server_sigterm_finishes_in_flight_then_exits_zero)
 }
 
 #define T_CONTRACT(name) T(test_server_contract_##name),
-TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) T(test_server_client_killed_mid_put_leaves_nothing),
+#define T_LANE_CONTRACT(name) T(test_server_lane_contract_##name),
+TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
+          T(test_server_client_killed_mid_put_leaves_nothing), T(test_server_lane_client_killed_mid_put_leaves_nothing),
+          T(test_server_ucx_tls_tcp_transport_ucx), T(test_server_lane_bad_frames_keep_serving_others),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
