@@ -253,11 +253,11 @@ static void killed_mid_put(int lane)
 TEST(test_server_client_killed_mid_put_leaves_nothing) { killed_mid_put(0); }
 TEST(test_server_lane_client_killed_mid_put_leaves_nothing) { killed_mid_put(1); }
 
-TEST(test_server_killed_then_restarted_conn_lost_then_reconnect)
+static void killed_then_restarted(int lane)
 {
     server_t s = {0};
     server_start(&s, "64MiB", 0, NULL);
-    kvp_pool_t *p = open_ok(s.uri);
+    kvp_pool_t *p = open_ok(lane ? lane_uri(&s) : s.uri);
     kvp_status_t st;
     put_pattern(p, "before", 1000, 1, &st);
     ASSERT_OK(st);
@@ -282,6 +282,9 @@ TEST(test_server_killed_then_restarted_conn_lost_then_reconnect)
     kvp_pool_close(p);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
+
+TEST(test_server_killed_then_restarted_conn_lost_then_reconnect) { killed_then_restarted(0); }
+TEST(test_server_lane_killed_then_restarted_conn_lost_then_reconnect) { killed_then_restarted(1); }
 
 /* ---- 64 concurrent connections ---- */
 
@@ -812,12 +815,13 @@ static void *term_putter(void *arg)
     return NULL;
 }
 
-TEST(test_server_sigterm_finishes_in_flight_then_exits_zero)
+static void sigterm_drain(int lane)
 {
     server_t s = {0};
     server_start(&s, "512MiB", 0, NULL);
-    kvp_pool_t *watch = open_ok(s.uri);
-    term_arg_t a = {.uri = s.uri, .st = KVP_INPROGRESS};
+    const char *uri = lane ? lane_uri(&s) : s.uri;
+    kvp_pool_t *watch = open_ok(uri);
+    term_arg_t a = {.uri = uri, .st = KVP_INPROGRESS};
     pthread_t t;
     pthread_create(&t, NULL, term_putter, &a);
     /* Wait until the put's reservation exists: its bytes are in flight. */
@@ -838,11 +842,16 @@ TEST(test_server_sigterm_finishes_in_flight_then_exits_zero)
         fprintf(stderr, "  (the put finished before SIGTERM; drain not exercised this run)\n");
 }
 
+TEST(test_server_sigterm_finishes_in_flight_then_exits_zero) { sigterm_drain(0); }
+TEST(test_server_lane_sigterm_finishes_in_flight_then_exits_zero) { sigterm_drain(1); }
+
 #define T_CONTRACT(name) T(test_server_contract_##name),
 #define T_LANE_CONTRACT(name) T(test_server_lane_contract_##name),
 TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_client_killed_mid_put_leaves_nothing), T(test_server_lane_client_killed_mid_put_leaves_nothing),
           T(test_server_ucx_tls_tcp_transport_ucx), T(test_server_lane_bad_frames_keep_serving_others),
+          T(test_server_lane_killed_then_restarted_conn_lost_then_reconnect),
+          T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
