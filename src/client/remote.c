@@ -81,6 +81,7 @@ typedef struct pending {
     int gen;
     kvp_op_t *op;                 /* parent->op, or NULL */
     int send_done, reply_done, timed_out;
+    int lane_sending;             /* a thread is writing its frame: only it may set send_done */
     kvp_status_t status;
     uint64_t deadline_ns;
     kvp__mpw_t w;                 /* the request header */
@@ -674,7 +675,16 @@ static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_
     kvp__lane_head_encode(head, (uint32_t)p->w.len, data_len);
     uint64_t total = KVP_LANE_HEAD + p->w.len + data_len, done = 0;
     const char *why = NULL;
+    int late = 0;
     pthread_mutex_lock(&r->tx_mu);
+    /* Still the connection fd belongs to?  (If it was lost meanwhile, the
+     * number may already name a newer connection's socket.)  While tx_mu
+     * is held it cannot close. */
+    pthread_mutex_lock(&r->mu);
+    int stale = r->gen != p->gen || !r->connected;
+    pthread_mutex_unlock(&r->mu);
+    if (stale)
+        total = 0;
     while (done < total) {
         struct iovec v[LANE_IOV_MAX];
         int n = 0;
@@ -702,6 +712,7 @@ static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_
             uint64_t now = kvp__now_ns();
             if (now >= p->deadline_ns) {
                 why = "a request could not be sent in time";
+                late = 1;
                 break;
             }
             struct pollfd pf = {.fd = fd, .events = POLLOUT};
@@ -712,11 +723,15 @@ static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_
         why = "send failed";
         break;
     }
-    /* Still under tx_mu: the socket cannot close (and p be failed) meanwhile. */
+    /* p is still ours (lane_sending: a lost connection fails its reply but
+     * leaves send_done to us). */
     pthread_mutex_lock(&r->mu);
+    p->lane_sending = 0;
     p->send_done = 1;
+    if (stale)
+        do_fail_reply(p, KVP_ERR_CONN_LOST);
     if (why) {
-        if (why[0] == 'a')
+        if (late)
             p->timed_out = 1;
         do_fail_reply(p, KVP_ERR_CONN_LOST);
         if (r->gen == p->gen)
@@ -748,7 +763,8 @@ static void fail_generation(remote_t *r, int gen)
                 if (p->gen != gen || p->finished)
                     continue;
                 do_fail_reply(p, KVP_ERR_CONN_LOST);
-                p->send_done = 1;
+                if (!p->lane_sending)
+                    p->send_done = 1;
                 opctx_t *f = do_maybe_done(r, p);
                 if (f) {
                     done[nd++] = f;
@@ -920,6 +936,7 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
     uint32_t to = p->op && p->op->timeout_ms ? p->op->timeout_ms : r->timeout_ms;
     p->deadline_ns = kvp__now_ns() + (uint64_t)to * 1000000ull;
     do_add(r, p);
+    p->lane_sending = lane;
     pthread_mutex_unlock(&r->mu);
     if (lane) {
         kvp__free(a, 2 * sizeof(void *));

@@ -407,6 +407,59 @@ TEST(test_server_64_connections_mixed_load_verified)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* A server that stops answering (SIGSTOP): a put that cannot even be
+ * written, and a get whose reply never comes, both end with
+ * KVP_ERR_TIMEOUT near their deadline, never hang; once the server runs
+ * again the client reconnects. */
+static void frozen_server_times_out(int lane)
+{
+    server_t s = {0};
+    server_start(&s, "256MiB", 0, NULL);
+    char uri[sizeof s.uri + 64];
+    snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?timeout=1s%s", s.port, lane ? "&transport=tcp" : "");
+    kvp_pool_t *p = open_ok(uri);
+    kvp_status_t st;
+    put_pattern(p, "warm", 4096, 1, &st);
+    ASSERT_OK(st);
+    kill(s.pid, SIGSTOP);
+    uint64_t t0 = kvp__now_ns();
+    put_pattern(p, "big", 64u << 20, 2, &st); /* more than the socket buffers hold */
+    uint64_t t1 = kvp__now_ns();
+    ASSERT_MSG(st == KVP_ERR_TIMEOUT || st == KVP_ERR_CONN_LOST, "put to a frozen server: %s", kvp_status_name(st));
+    ASSERT_LT(t1 - t0, 4000000000ull);
+    char buf[4096];
+    kvp_key_t k = kvp_key_str("warm");
+    kvp_iov_t iov = {buf, sizeof buf};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t r;
+    st = kvp_pool_get(p, &k, &sgl, 1, &r);
+    ASSERT_MSG(st == KVP_ERR_TIMEOUT || st == KVP_ERR_CONN_LOST, "get from a frozen server: %s", kvp_status_name(st));
+    ASSERT_LT(kvp__now_ns() - t1, 4000000000ull);
+    kill(s.pid, SIGCONT);
+    int ok = 0; /* reconnects once the backoff allows */
+    for (int i = 0; i < 100 && !ok; i++) {
+        ok = kvp_pool_get(p, &k, &sgl, 1, &r) == KVP_OK && r.status == KVP_OK;
+        if (!ok)
+            sleep_ms(100);
+    }
+    ASSERT_MSG(ok, "no recovery after SIGCONT");
+    ASSERT_EQ(check_pattern(p, "warm", 4096, 1), 1);
+    kvp_pool_stats_t pst;
+    ASSERT_OK(kvp_pool_stats(p, &pst));
+    kvp_pool_close(p);
+    for (int i = 0; i < 300 && pst.reserved; i++) { /* the cut-off put's space comes back */
+        sleep_ms(10);
+        p = open_ok(uri);
+        ASSERT_OK(kvp_pool_stats(p, &pst));
+        kvp_pool_close(p);
+    }
+    ASSERT_EQ(pst.reserved, 0);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+TEST(test_server_frozen_server_times_out) { frozen_server_times_out(0); }
+TEST(test_server_lane_frozen_server_times_out) { frozen_server_times_out(1); }
+
 /* ---- transports ---- */
 
 /* A transport that does not exist here (RDMA on a host without a NIC):
@@ -852,6 +905,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_ucx_tls_tcp_transport_ucx), T(test_server_lane_bad_frames_keep_serving_others),
           T(test_server_lane_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
+          T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
