@@ -74,8 +74,11 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
         (unsigned long long)atomic_load(&c->bytes_in), (unsigned long long)atomic_load(&c->bytes_out));
     out(&b, "# TYPE kvpool_connections gauge\nkvpool_connections %llu\n",
         (unsigned long long)atomic_load(&c->connections));
-    out(&b, "# TYPE kvpool_connections_accepted_total counter\nkvpool_connections_accepted_total %llu\n",
-        (unsigned long long)atomic_load(&c->accepted));
+    uint64_t acc = atomic_load(&c->accepted), acc_tcp = atomic_load(&c->accepted_tcp);
+    out(&b, "# TYPE kvpool_connections_accepted_total counter\n"
+            "kvpool_connections_accepted_total{transport=\"ucx\"} %llu\n"
+            "kvpool_connections_accepted_total{transport=\"tcp\"} %llu\n",
+        (unsigned long long)(acc - acc_tcp), (unsigned long long)acc_tcp);
     out(&b, "# HELP kvpool_request_seconds Request latency in the server.\n# TYPE kvpool_request_seconds histogram\n");
     for (int op = 1; op <= KVP_WOP_MAX; op++) {
         uint64_t cum = 0;

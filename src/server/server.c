@@ -324,12 +324,15 @@ static void reply_status(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, k
     reply_send(r);
 }
 
-static void reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id,
-                          const kvp_key_result_t *res, uint32_t n, int sizes)
+/* A reply's latency is observed when it has been sent, counted from t0
+ * (when the request arrived: for a put, before its values did). */
+static void reply_results_since(server_t *s, conn_t *c, uint32_t op, uint64_t req_id,
+                                const kvp_key_result_t *res, uint32_t n, int sizes, uint64_t t0)
 {
     reply_t *r = reply_new(s, c, op);
     if (!r)
         return;
+    r->t0 = t0;
     kvp__wire_reply_begin(&r->w, op, req_id, KVP_OK, 1);
     kvp__mpw_array(&r->w, n);
     for (uint32_t i = 0; i < n; i++) {
@@ -338,6 +341,12 @@ static void reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id,
         kvp__mpw_uint(&r->w, sizes ? res[i].size : res[i].flags);
     }
     reply_send(r);
+}
+
+static void reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id,
+                          const kvp_key_result_t *res, uint32_t n, int sizes)
+{
+    reply_results_since(s, c, op, req_id, res, n, sizes, kvp__now_ns());
 }
 
 /* ---- put ---- */
@@ -366,8 +375,7 @@ static void put_finish(put_ctx_t *pc, ucs_status_t recv_status)
     if (conn_live(pc->c) && pc->refuse != KVP_OK)
         reply_status(s, pc->c, KVP_WOP_PUT, pc->req_id, pc->refuse);
     else if (conn_live(pc->c))
-        reply_results(s, pc->c, KVP_WOP_PUT, pc->req_id, pc->res, pc->n, 0);
-    kvp__metrics_observe(&s->ctr, KVP_WOP_PUT, kvp__now_ns() - pc->t0);
+        reply_results_since(s, pc->c, KVP_WOP_PUT, pc->req_id, pc->res, pc->n, 0, pc->t0);
     pc->c->inflight--;
     s->inflight--;
     s->inflight_puts--;
@@ -1050,6 +1058,8 @@ static void finish_handshake(server_t *s, conn_t *c, const kvp__hs_hello_t *h)
     kvp__free(c->hs_buf, HS_BUF_MAX);
     c->hs_buf = NULL;
     c->state = CONN_READY;
+    if (c->lane)
+        atomic_fetch_add(&s->ctr.accepted_tcp, 1);
     atomic_fetch_add(&s->ctr.accepted, 1);
     kvp_debug("server: conn %llu ready (%s)", (unsigned long long)c->id, c->lane ? "tcp transport" : "UCX");
 }

@@ -30,6 +30,7 @@ typedef struct {
     uint16_t port;
     char uri[128];
     char dir[64];
+    uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
 } server_t;
 
 static void sleep_ms(int ms)
@@ -70,12 +71,21 @@ static void server_start(server_t *s, const char *memory, uint16_t port, const c
         int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (!getenv("KVP_TEST_SERVER_LOG") && logfd >= 0)
             dup2(logfd, 2);
-        if (token)
-            execl(bin, bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
-                  "--token-file", tokfile, "--log-level", "warn", (char *)NULL);
-        else
-            execl(bin, bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
-                  "--log-level", "warn", (char *)NULL);
+        char mport[16];
+        snprintf(mport, sizeof mport, "%u", s->metrics_port);
+        const char *argv[20] = {bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
+                                "--log-level", "warn"};
+        int argc = 10;
+        if (token) {
+            argv[argc++] = "--token-file";
+            argv[argc++] = tokfile;
+        }
+        if (s->metrics_port) {
+            argv[argc++] = "--metrics-port";
+            argv[argc++] = mport;
+        }
+        argv[argc] = NULL;
+        execv(bin, (char *const *)argv);
         _exit(127);
     }
     for (int i = 0; i < 1000; i++) {
@@ -853,6 +863,107 @@ TEST(test_server_lane_bad_frames_keep_serving_others)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* ---- metrics ---- */
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+    socklen_t sl = sizeof sa;
+    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ASSERT_EQ(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* GET /metrics; returns the body (malloc'd) or NULL. */
+static char *http_metrics(uint16_t port)
+{
+    int fd = tcp_connect(port);
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    ASSERT_EQ(send(fd, req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)(sizeof req - 1));
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while ((k = recv(fd, buf + len, cap - 1 - len, 0)) > 0)
+        len += (size_t)k;
+    close(fd);
+    buf[len] = 0;
+    ASSERT_MSG(strstr(buf, " 200 ") != NULL, "metrics answered: %.80s", buf);
+    char *body = strstr(buf, "\r\n\r\n");
+    ASSERT(body != NULL);
+    memmove(buf, body + 4, strlen(body + 4) + 1);
+    return buf;
+}
+
+/* The value of the sample line that starts with `series ` (-1 if none). */
+static double metric(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, series, n) && l[n] == ' ')
+            return strtod(l + n + 1, NULL);
+    return -1;
+}
+
+TEST(test_server_metrics_prometheus_text)
+{
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "8MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri), *q = open_ok(lane_uri(&s));
+    kvp_status_t st;
+    for (int i = 0; i < 3; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "m%d", i);
+        put_pattern(i == 2 ? q : p, key, 100000, (uint8_t)i, &st);
+        ASSERT_OK(st);
+    }
+    ASSERT_EQ(check_pattern(p, "m0", 100000, 0), 1);
+    ASSERT_EQ(check_pattern(q, "m1", 100000, 1), 1);
+    ASSERT_EQ(check_pattern(q, "nope", 100, 0), 0);
+    for (int i = 0; i < 100; i++) { /* 10 MB into 8 MiB: evictions */
+        char key[16];
+        snprintf(key, sizeof key, "e%d", i);
+        put_pattern(p, key, 100000, (uint8_t)i, &st);
+        ASSERT_OK(st);
+    }
+    kvp_pool_stats_t pst;
+    ASSERT_OK(kvp_pool_stats(p, &pst));
+    char *m = NULL;
+    for (int i = 0; i < 100 && !m; i++) { /* the endpoint starts with the server */
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s.metrics_port),
+                                 .sin_addr.s_addr = htonl(0x7f000001)};
+        int up = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        if (up)
+            m = http_metrics(s.metrics_port);
+        else
+            sleep_ms(20);
+    }
+    ASSERT_MSG(m != NULL, "no metrics endpoint on port %u", s.metrics_port);
+    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"put\"}"), 103);
+    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get\"}"), 3);
+    ASSERT(metric(m, "kvpool_bytes_total{dir=\"in\"}") >= 103 * 100000.0);
+    ASSERT_EQ(metric(m, "kvpool_bytes_total{dir=\"out\"}"), 200000);
+    ASSERT_EQ(metric(m, "kvpool_connections"), 2);
+    ASSERT_EQ(metric(m, "kvpool_connections_accepted_total{transport=\"ucx\"}"), 1);
+    ASSERT_EQ(metric(m, "kvpool_connections_accepted_total{transport=\"tcp\"}"), 1);
+    ASSERT_EQ(metric(m, "kvpool_request_seconds_count{op=\"put\"}"), 103);
+    ASSERT_EQ(metric(m, "kvpool_request_seconds_bucket{op=\"put\",le=\"+Inf\"}"), 103);
+    ASSERT_EQ(metric(m, "kvpool_arena_bytes{kind=\"capacity\"}"), (double)pst.capacity_bytes);
+    ASSERT(metric(m, "kvpool_arena_bytes{kind=\"used\"}") > 0);
+    ASSERT_EQ(metric(m, "kvpool_objects{state=\"live\"}"), (double)pst.live);
+    ASSERT(pst.evicted > 0);
+    ASSERT_EQ(metric(m, "kvpool_objects_left_total{reason=\"evicted\"}"), (double)pst.evicted);
+    ASSERT_EQ(metric(m, "kvpool_get_total{result=\"miss\"}"), 1);
+    free(m);
+    kvp_pool_close(p);
+    kvp_pool_close(q);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* SIGTERM: the put in flight finishes, then the server exits 0. */
 typedef struct {
     const char *uri;
@@ -906,6 +1017,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_lane_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
+          T(test_server_metrics_prometheus_text),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
