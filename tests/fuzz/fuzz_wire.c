@@ -1,11 +1,13 @@
-/* Fuzz target: the server's request decoder, the client's reply decoder and
- * the handshake parser, on arbitrary bytes.  They must never crash, read out
+/* Fuzz target: the server's request decoder, the client's reply decoder,
+ * the handshake parser and the TCP transport's frame head, on arbitrary
+ * bytes.  They must never crash, read out
  * of bounds or accept a request that breaks the limits. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "net/handshake.h"
+#include "net/lane.h"
 #include "net/wire.h"
 
 static kvp_key_t g_keys[KVP_BATCH_MAX];
@@ -39,7 +41,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvp__mpr_skip(&rep.body);
     kvp__hs_hello_t h;
     size_t used;
-    if (kvp__hs_parse_hello(buf, size, &h, &used) == KVP_OK && used > size)
+    if (kvp__hs_parse_hello(buf, size, &h, &used) == KVP_OK &&
+        (used > size || (h.addr_len == 0) != (h.addr == NULL)))
+        abort();
+    uint32_t hl;
+    uint64_t dl;
+    if (size >= KVP_LANE_HEAD && kvp__lane_head_decode(buf, &hl, &dl) == 0 &&
+        (hl == 0 || hl > KVP_WIRE_HEADER_MAX || dl > KVP_WIRE_PAYLOAD_MAX))
         abort();
     free(buf);
     return 0;
