@@ -89,7 +89,10 @@ typedef struct conn {
     uint32_t rx_i;          /* position in rx_put->iov */
     size_t rx_off;
     struct reply *tx_head, *tx_tail; /* replies waiting for the socket, in order */
+    uint32_t tx_count;      /* how many */
+    uint64_t tx_bytes;      /* their frames' bytes (leased values included) */
     int tx_wait;            /* EPOLLOUT armed */
+    int rx_paused;          /* EPOLLIN off: too many replies waiting (the client does not read) */
 } conn_t;
 
 #define KEY_BUCKETS 1024
@@ -98,6 +101,10 @@ typedef struct conn {
 #define DRAIN_MAX_NS (10ull * 1000000000ull) /* SIGTERM waits this long at most for requests in flight */
 #define LANE_RX_START (64u * 1024u) /* the lane's header buffer grows from this as headers need */
 #define LANE_IOV_MAX 64
+/* A client that sends requests but does not read the replies makes the
+ * server stop reading its requests (backpressure) once this much waits. */
+#define LANE_TX_MAX_COUNT 1024u
+#define LANE_TX_MAX_BYTES (64ull << 20)
 #define ABANDON_AFTER_NS (2ull * 1000000000ull) /* see conn_abandon_replies */
 
 typedef struct server {
@@ -273,6 +280,8 @@ static void reply_send(reply_t *r)
             bytes += r->iov[i].length;
         kvp__lane_head_encode(r->head, (uint32_t)r->w.len, bytes);
         conn_t *c = r->c;
+        c->tx_count++;
+        c->tx_bytes += KVP_LANE_HEAD + r->w.len + bytes;
         if (c->tx_tail)
             c->tx_tail->tx_next = r;
         else
@@ -641,6 +650,8 @@ static void conn_kill(server_t *s, conn_t *c, const char *why)
         reply_free(r);
     }
     c->tx_tail = NULL;
+    c->tx_count = 0;
+    c->tx_bytes = 0;
     kvp__free(c->rx_buf, c->rx_cap);
     c->rx_buf = NULL;
     if (c->src.fd >= 0) {
@@ -783,13 +794,16 @@ static ucs_status_t on_request(void *arg, const void *header, size_t header_leng
 
 /* ---- kvpool's TCP transport (net/lane.h) ---- */
 
-static void lane_want_out(server_t *s, conn_t *c, int on)
+/* What the event loop watches on a lane connection's socket. */
+static void lane_watch(server_t *s, conn_t *c, int want_out, int paused)
 {
-    if (c->tx_wait == on)
+    if (c->tx_wait == want_out && c->rx_paused == paused)
         return;
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u), .data.ptr = &c->src};
+    c->tx_wait = want_out;
+    c->rx_paused = paused;
+    struct epoll_event ev = {.events = (paused ? 0u : EPOLLIN | EPOLLRDHUP) | (want_out ? EPOLLOUT : 0u),
+                             .data.ptr = &c->src};
     epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->src.fd, &ev);
-    c->tx_wait = on;
 }
 
 /* Writes queued replies (frame head, header, leased values) until the
@@ -819,7 +833,7 @@ static void lane_tx(server_t *s, conn_t *c)
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                lane_want_out(s, c, 1);
+                lane_watch(s, c, 1, c->rx_paused);
                 return;
             }
             conn_kill(s, c, "send failed");
@@ -831,11 +845,15 @@ static void lane_tx(server_t *s, conn_t *c)
         c->tx_head = r->tx_next;
         if (!c->tx_head)
             c->tx_tail = NULL;
+        c->tx_count--;
+        c->tx_bytes -= total;
         kvp__metrics_observe(&s->ctr, r->op, kvp__now_ns() - r->t0);
         reply_free(r);
     }
+    /* All written: stop watching for room, and read requests again if that
+     * had been paused. */
     if (conn_live(c))
-        lane_want_out(s, c, 0);
+        lane_watch(s, c, 0, 0);
 }
 
 /* One complete request frame header; data_len bytes of values follow. */
@@ -885,6 +903,12 @@ static void lane_rx(server_t *s, conn_t *c)
 {
     while (conn_live(c)) {
         ssize_t k;
+        if (!c->rx_put && c->rx_len == 0 &&
+            (c->tx_count >= LANE_TX_MAX_COUNT || c->tx_bytes >= LANE_TX_MAX_BYTES)) {
+            /* Replies pile up unread: no more requests until they drain. */
+            lane_watch(s, c, c->tx_wait, 1);
+            return;
+        }
         if (c->rx_put) {
             put_ctx_t *pc = c->rx_put;
             struct iovec v[LANE_IOV_MAX];
@@ -1088,9 +1112,13 @@ static void on_conn_readable(server_t *s, conn_t *c, uint32_t events)
         return;
     }
     if (c->lane) {
+        if (events & (EPOLLHUP | EPOLLERR)) {
+            conn_kill(s, c, "connection reset");
+            return;
+        }
         if (events & EPOLLOUT)
             lane_tx(s, c);
-        if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+        if (events & (EPOLLIN | EPOLLRDHUP))
             lane_rx(s, c);
         return;
     }

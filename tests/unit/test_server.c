@@ -964,6 +964,50 @@ TEST(test_server_metrics_prometheus_text)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* A client that sends requests and does not read the replies: the server
+ * stops reading its requests once 64 MiB of replies wait (no unbounded
+ * queue of leased values), keeps serving everyone else, and answers every
+ * request, in order, once the client reads. */
+TEST(test_server_lane_unread_replies_backpressure)
+{
+    server_t s = {0};
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *healthy = open_ok(lane_uri(&s));
+    kvp_status_t st;
+    put_pattern(healthy, "big", 1 << 20, 5, &st);
+    ASSERT_OK(st);
+    uint64_t key;
+    int fd = lane_raw_connect(s.port, &key);
+    kvp_key_t k = kvp_key_str("big");
+    uint64_t cap = 1 << 20;
+    enum { N = 300 };
+    for (int i = 0; i < N; i++) {
+        uint8_t buf[128];
+        kvp__mpw_t w;
+        kvp__mpw_init(&w, buf, sizeof buf);
+        kvp__wire_req_encode(&w, KVP_WOP_GET, (uint64_t)i + 1, 0, key, &k, 1, &cap);
+        lane_raw_frame(fd, w.buf, (uint32_t)w.len, 0, NULL, 0);
+    }
+    sleep_ms(300);
+    kvp_pool_stats_t pst;
+    ASSERT_OK(kvp_pool_stats(healthy, &pst));
+    /* 64 MiB queued plus what the socket buffers took: far from all 300 */
+    ASSERT_MSG(pst.get_hits < 200, "the server read %llu of %d unread gets", (unsigned long long)pst.get_hits, N);
+    healthy_round(healthy, 0);
+    for (int i = 0; i < N; i++) {
+        uint32_t op;
+        kvp_status_t rs;
+        ASSERT_EQ(lane_raw_next(fd, &op, &rs), 1);
+        ASSERT_EQ(op, (uint32_t)KVP_WOP_GET);
+        ASSERT_OK(rs);
+    }
+    close(fd);
+    ASSERT_OK(kvp_pool_stats(healthy, &pst));
+    ASSERT_EQ(pst.get_hits, (uint64_t)N + 1);
+    kvp_pool_close(healthy);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* SIGTERM: the put in flight finishes, then the server exits 0. */
 typedef struct {
     const char *uri;
@@ -1017,7 +1061,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_lane_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
-          T(test_server_metrics_prometheus_text),
+          T(test_server_metrics_prometheus_text), T(test_server_lane_unread_replies_backpressure),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
