@@ -20,10 +20,13 @@
 #            (op put; it is the reference for both kvpool-tcp put and get).
 #   memcpy   one thread, as `kvpool bench` defines its baseline (op copy).
 #
-# Usage: sh bench/compare.sh [--json] [--quick] [path/to/kvpool]
+# Usage: sh bench/compare.sh [--json] [--quick] [--repeat N] [path/to/kvpool]
 #   --json   JSON Lines on stdout, one compact object per row:
 #            system, transport, op, size, clients, gbps, p50_us, p99_us
 #   --quick  1/16 of the counts (a smoke run, numbers not meaningful)
+#   --repeat N  run the rows the checks read (1 MiB with one client, and the
+#            prefix rows) N times, interleaved, and report each one's median
+#            run (by GB/s; prefix by p50) with a field runs (default 3)
 # Otherwise it prints one table with the ratios kvpool/memcpy, kvpool/redis
 # and kvpool-tcp/tcp-raw, then the issue's checks.  Progress goes to stderr.
 # Rows that cannot run (no server command or remote backend in this build,
@@ -42,15 +45,27 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KVP=${KVP_BIN:-$ROOT/build/kvpool}
 JSON=0
 QUICK=0
+REPEAT=3
+NEXT=""
 for a in "$@"; do
+    if [ "$NEXT" = repeat ]; then
+        REPEAT=$a
+        NEXT=""
+        continue
+    fi
     case "$a" in
         --json) JSON=1 ;;
         --quick) QUICK=1 ;;
+        --repeat=*) REPEAT=${a#--repeat=} ;;
+        --repeat) NEXT=repeat ;;
         -h|--help) sed -n '2,/^set -u$/p' "$0" | sed '$d'; exit 0 ;;
         -*) echo "compare: unknown option $a" >&2; exit 2 ;;
         *) KVP=$a ;;
     esac
 done
+case "$REPEAT" in
+    ''|*[!0-9]*|0) echo "compare: --repeat takes a whole number from 1" >&2; exit 2 ;;
+esac
 [ -x "$KVP" ] || { echo "compare: no kvpool binary at $KVP (build it, or pass its path)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "compare: needs python3" >&2; exit 2; }
 
@@ -135,7 +150,6 @@ run_row() {
     if timeout -k 5 "$limit" "$@" >"$TMP/out" 2>"$TMP/err" &&
         python3 "$TMP/row.py" "$system" "$transport" <"$TMP/out" >"$TMP/row" 2>>"$TMP/err"; then
         cat "$TMP/row" >>"$ROWS"
-        [ "$JSON" = 1 ] && cat "$TMP/row"
     else
         rc=$?
         why=$(grep -v '^[[:space:]]*$' "$TMP/err" | tail -n 1)
@@ -290,9 +304,13 @@ rows_for() { # size clients: every system's rows of that shape
 }
 PREFIX_COUNT=4000 # keys stored; 1,000 lookups of 128 keys whatever the count
 [ "$QUICK" = 1 ] && PREFIX_COUNT=1000
-rows_for 1048576 1 # what the checks need, first
-kvpool_row shm prefix 64 1 "$PREFIX_COUNT"
-kvpool_row tcp prefix 64 1 "$PREFIX_COUNT"
+rep=0
+while [ $rep -lt "$REPEAT" ]; do # what the checks need, first, REPEAT times over
+    rows_for 1048576 1
+    kvpool_row shm prefix 64 1 "$PREFIX_COUNT"
+    kvpool_row tcp prefix 64 1 "$PREFIX_COUNT"
+    rep=$((rep + 1))
+done
 rows_for 65536 1
 rows_for 4194304 1
 rows_for 1048576 8
@@ -300,8 +318,25 @@ rows_for 65536 8
 rows_for 4194304 8
 
 # ---------------------------------------------------------------- report
-if [ "$JSON" != 1 ]; then
-    python3 - "$ROWS" "$NOTES" "$(elapsed)" <<'EOF'
+# Repeated rows become their median run (by GB/s; prefix rows by p50), with
+# the number of runs.
+python3 - "$ROWS" >"$TMP/agg.jsonl" <<'EOF'
+import json, sys
+groups = {}
+for l in open(sys.argv[1]):
+    if l.strip():
+        r = json.loads(l)
+        groups.setdefault((r["system"], r["transport"], r["op"], r["size"], r["clients"]), []).append(r)
+for runs in groups.values():
+    runs.sort(key=lambda r: -r["p50_us"] if r["op"] == "prefix" else r["gbps"])
+    r = dict(runs[len(runs) // 2])
+    r["runs"] = len(runs)
+    print(json.dumps(r, separators=(",", ":")))
+EOF
+if [ "$JSON" = 1 ]; then
+    cat "$TMP/agg.jsonl"
+else
+    python3 - "$TMP/agg.jsonl" "$NOTES" "$(elapsed)" "$REPEAT" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 ORDER = {"memcpy": 0, "tcp-raw": 1, "redis": 2, "kvpool": 3}
@@ -348,7 +383,7 @@ for r in rows:
 for n in notes:
     print(n)
 
-print("\nchecks (1 client, 1 MiB; one run on a shared machine, so indicative):")
+print("\nchecks (1 client, 1 MiB; median of %s runs on a shared machine):" % sys.argv[4])
 MiB = 1 << 20
 def check(name, value, want, ok):
     if value is None:
@@ -372,7 +407,6 @@ check("kvpool shm prefix of 128 keys, p50 us", None if p is None else "%.1f" % p
       p is not None and p["p50_us"] <= 60)
 print("\n%d rows in %s s" % (len(rows), sys.argv[3]))
 EOF
-else
-    log "$(wc -l <"$ROWS") rows, $(wc -l <"$NOTES") notes (above) in $(elapsed) s"
 fi
+[ "$JSON" = 1 ] && log "$(wc -l <"$TMP/agg.jsonl") rows, $(wc -l <"$NOTES") notes (above) in $(elapsed) s"
 exit "$FAILED"
