@@ -412,23 +412,34 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
     return b->err ? KVP_ERR_PROTOCOL : KVP_OK;
 }
 
+/* Decodes a reply header and finds the request it answers: returns it with
+ * mu held, or NULL (mu not held) for a reply nobody waits for (logged when
+ * it is the server refusing something). */
+static pending_t *match_reply(remote_t *r, const void *hdr, size_t len, kvp__wire_reply_t *rep)
+{
+    if (kvp__wire_reply_decode(hdr, len, rep) != KVP_OK) {
+        kvp_warn("remote: undecodable reply dropped (%zu bytes)", len);
+        return NULL;
+    }
+    pthread_mutex_lock(&r->mu);
+    pending_t *p = do_find(r, rep->req_id);
+    if (!p || p->reply_done || p->wop != rep->op) {
+        pthread_mutex_unlock(&r->mu);
+        if (rep->op == 0)
+            kvp_warn("remote: server refused a request: %s", kvp_status_str(rep->status));
+        return NULL;
+    }
+    return p;
+}
+
 static ucs_status_t on_reply(void *arg, const void *header, size_t header_length, void *data,
                              size_t length, const ucp_am_recv_param_t *param)
 {
     remote_t *r = arg;
     kvp__wire_reply_t rep;
-    if (kvp__wire_reply_decode(header, header_length, &rep) != KVP_OK) {
-        kvp_warn("remote: undecodable reply dropped (%zu bytes)", header_length);
+    pending_t *p = match_reply(r, header, header_length, &rep);
+    if (!p)
         return UCS_OK;
-    }
-    pthread_mutex_lock(&r->mu);
-    pending_t *p = do_find(r, rep.req_id);
-    if (!p || p->reply_done || p->wop != rep.op) {
-        pthread_mutex_unlock(&r->mu);
-        if (rep.op == 0)
-            kvp_warn("remote: server refused a request: %s", kvp_status_str(rep.status));
-        return UCS_OK;
-    }
     kvp_status_t st = do_parse_reply(p, &rep, length);
     opctx_t *f = NULL;
     int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
@@ -522,18 +533,9 @@ static void lane_reply(remote_t *r, const uint8_t *hdr, uint32_t len, uint64_t d
     r->rx_left = data_len;
     r->rx_data = data_len > 0;
     kvp__wire_reply_t rep;
-    if (kvp__wire_reply_decode(hdr, len, &rep) != KVP_OK) {
-        kvp_warn("remote: undecodable reply dropped (%u bytes)", len);
+    pending_t *p = match_reply(r, hdr, len, &rep);
+    if (!p)
         return;
-    }
-    pthread_mutex_lock(&r->mu);
-    pending_t *p = do_find(r, rep.req_id);
-    if (!p || p->reply_done || p->wop != rep.op) {
-        pthread_mutex_unlock(&r->mu);
-        if (rep.op == 0)
-            kvp_warn("remote: server refused a request: %s", kvp_status_str(rep.status));
-        return;
-    }
     kvp_status_t st = do_parse_reply(p, &rep, data_len);
     p->status = st;
     if (st == KVP_OK && data_len) {
@@ -572,11 +574,7 @@ static int lane_rx(remote_t *r)
             int n = 0;
             pending_t *p = r->rx_p;
             if (p) {
-                for (uint32_t i = r->rx_i; i < p->niov && n < LANE_IOV_MAX; i++) {
-                    size_t off = i == r->rx_i ? r->rx_off : 0;
-                    if (p->iov[i].length > off)
-                        v[n++] = (struct iovec){(char *)p->iov[i].buffer + off, p->iov[i].length - off};
-                }
+                n = kvp__lane_iov_fill(v, LANE_IOV_MAX, p->iov, p->niov, r->rx_i, r->rx_off);
             } else {
                 v[n++] = (struct iovec){r->rx_sink, r->rx_left < LANE_SINK ? (size_t)r->rx_left : LANE_SINK};
             }
@@ -600,20 +598,8 @@ static int lane_rx(remote_t *r)
         did = 1;
         if (r->rx_data) {
             r->rx_left -= (uint64_t)k;
-            if (r->rx_p) {
-                size_t adv = (size_t)k;
-                while (adv) {
-                    size_t l = r->rx_p->iov[r->rx_i].length - r->rx_off;
-                    if (adv >= l) {
-                        adv -= l;
-                        r->rx_i++;
-                        r->rx_off = 0;
-                    } else {
-                        r->rx_off += adv;
-                        adv = 0;
-                    }
-                }
-            }
+            if (r->rx_p)
+                kvp__lane_iov_advance(r->rx_p->iov, &r->rx_i, &r->rx_off, (size_t)k);
             if (r->rx_left == 0) {
                 r->rx_data = 0;
                 pending_t *p = r->rx_p;

@@ -20,6 +20,8 @@
 #define KVP_NET_LANE_H
 
 #include <stdint.h>
+#include <sys/uio.h>
+#include <ucp/api/ucp.h>
 
 #include "net/wire.h"
 
@@ -47,6 +49,35 @@ static inline int kvp__lane_head_decode(const uint8_t in[KVP_LANE_HEAD], uint32_
     *hdr_len = h;
     *data_len = d;
     return 0;
+}
+
+/* A position in a list of destination (or source) slices: slice i, byte
+ * off of it.  kvp__lane_iov_fill() describes what is left from there as at
+ * most max iovecs (empty slices skipped); kvp__lane_iov_advance() moves the
+ * position on by the k bytes a readv/sendmsg moved. */
+static inline int kvp__lane_iov_fill(struct iovec *out, int max, const ucp_dt_iov_t *iov, uint32_t n, uint32_t i,
+                                     size_t off)
+{
+    int k = 0;
+    for (; i < n && k < max; i++, off = 0)
+        if (iov[i].length > off)
+            out[k++] = (struct iovec){(char *)iov[i].buffer + off, iov[i].length - off};
+    return k;
+}
+
+static inline void kvp__lane_iov_advance(const ucp_dt_iov_t *iov, uint32_t *i, size_t *off, size_t k)
+{
+    while (k) {
+        size_t left = iov[*i].length - *off;
+        if (k >= left) {
+            k -= left;
+            (*i)++;
+            *off = 0;
+        } else {
+            *off += k;
+            k = 0;
+        }
+    }
 }
 
 #endif

@@ -912,12 +912,7 @@ static void lane_rx(server_t *s, conn_t *c)
         if (c->rx_put) {
             put_ctx_t *pc = c->rx_put;
             struct iovec v[LANE_IOV_MAX];
-            int n = 0;
-            for (uint32_t i = c->rx_i; i < pc->n && n < LANE_IOV_MAX; i++) {
-                size_t off = i == c->rx_i ? c->rx_off : 0;
-                if (pc->iov[i].length > off)
-                    v[n++] = (struct iovec){(char *)pc->iov[i].buffer + off, pc->iov[i].length - off};
-            }
+            int n = kvp__lane_iov_fill(v, LANE_IOV_MAX, pc->iov, pc->n, c->rx_i, c->rx_off);
             k = readv(c->src.fd, v, n);
             if (k <= 0) {
                 if (k < 0 && errno == EINTR)
@@ -928,18 +923,7 @@ static void lane_rx(server_t *s, conn_t *c)
                 return;
             }
             c->rx_left -= (uint64_t)k;
-            size_t adv = (size_t)k;
-            while (adv) {
-                size_t l = pc->iov[c->rx_i].length - c->rx_off;
-                if (adv >= l) {
-                    adv -= l;
-                    c->rx_i++;
-                    c->rx_off = 0;
-                } else {
-                    c->rx_off += adv;
-                    adv = 0;
-                }
-            }
+            kvp__lane_iov_advance(pc->iov, &c->rx_i, &c->rx_off, (size_t)k);
             if (c->rx_left == 0) {
                 c->rx_put = NULL;
                 put_finish(pc, UCS_OK);
