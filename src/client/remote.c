@@ -81,7 +81,6 @@ typedef struct pending {
     int gen;
     kvp_op_t *op;                 /* parent->op, or NULL */
     int send_done, reply_done, timed_out;
-    int lane_sending;             /* a thread is writing its frame: only it may set send_done */
     kvp_status_t status;
     uint64_t deadline_ns;
     kvp__mpw_t w;                 /* the request header */
@@ -120,10 +119,9 @@ typedef struct remote {
     int epfd;                      /* the progress thread's */
     int connected;
     int gen;                       /* connection generation: bumped when one is lost */
-    int dead_gen;                  /* the generation dead_ep/dead_fd belonged to */
-    ucp_ep_h dead_ep;              /* to be closed by the progress thread */
-    int dead_fd;
-    int graceful;                  /* close dead_ep by flushing (kvp_pool_close of a healthy connection) */
+    int senders;                   /* threads inside post() on the current connection */
+    struct dead *dead;             /* lost connections the progress thread has yet to close */
+    struct cbarg *cb_all, *cb_free; /* UCX callback arguments: all ever made, and the unused */
     uint64_t next_retry_ns;
     uint32_t backoff_ms;
     pending_t *bucket[NBUCKETS];
@@ -156,6 +154,28 @@ enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
 #define LANE_RX_START 4096u
 #define LANE_SINK 65536u
 #define LANE_IOV_MAX 64
+
+/* A lost connection, closed by the progress thread once no thread is still
+ * sending on it (its endpoint or socket must outlive every send begun on
+ * it), after which its requests fail. */
+typedef struct dead {
+    struct dead *next;
+    ucp_ep_h ep;
+    int fd;
+    int gen;
+    int graceful;                  /* close by flushing (kvp_pool_close of a healthy connection) */
+    int senders;
+} dead_t;
+
+/* What a UCX send or receive callback is given: the request it is for.
+ * Owned by the remote (freed at close), not by the callback, because UCX
+ * never completes a rendezvous send whose receiver died: its argument
+ * would leak. */
+typedef struct cbarg {
+    struct cbarg *next_all, *next_free;
+    struct remote *r;
+    uint64_t id;
+} cbarg_t;
 
 /* ---- pending table (under mu) ---- */
 
@@ -237,12 +257,39 @@ static void do_fail_reply(pending_t *p, kvp_status_t st)
 
 /* ---- UCX callbacks (progress thread) ---- */
 
+/* Takes a callback argument for request id (mu not held); NULL: no memory. */
+static cbarg_t *cb_arg(remote_t *r, uint64_t id)
+{
+    pthread_mutex_lock(&r->mu);
+    cbarg_t *a = r->cb_free;
+    if (a) {
+        r->cb_free = a->next_free;
+    } else if ((a = kvp__calloc(1, sizeof *a))) {
+        a->next_all = r->cb_all;
+        r->cb_all = a;
+    }
+    if (a) {
+        a->r = r;
+        a->id = id;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return a;
+}
+
+/* Gives a back (mu held). */
+static void do_cb_put(remote_t *r, cbarg_t *a)
+{
+    a->next_free = r->cb_free;
+    r->cb_free = a;
+}
+
 static void on_send_done(void *request, ucs_status_t status, void *user_data)
 {
-    remote_t *r = ((void **)user_data)[0];
-    uint64_t id = (uint64_t)(uintptr_t)((void **)user_data)[1];
-    kvp__free(user_data, 2 * sizeof(void *));
+    cbarg_t *a = user_data;
+    remote_t *r = a->r;
+    uint64_t id = a->id;
     pthread_mutex_lock(&r->mu);
+    do_cb_put(r, a);
     pending_t *p = do_find(r, id);
     opctx_t *f = NULL;
     if (p) {
@@ -264,10 +311,11 @@ static void on_send_done(void *request, ucs_status_t status, void *user_data)
 static void on_recv_done(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     (void)length;
-    remote_t *r = ((void **)user_data)[0];
-    uint64_t id = (uint64_t)(uintptr_t)((void **)user_data)[1];
-    kvp__free(user_data, 2 * sizeof(void *));
+    cbarg_t *a = user_data;
+    remote_t *r = a->r;
+    uint64_t id = a->id;
     pthread_mutex_lock(&r->mu);
+    do_cb_put(r, a);
     pending_t *p = do_find(r, id);
     opctx_t *f = NULL;
     if (p) {
@@ -282,15 +330,6 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
         ucp_request_free(request);
 }
 
-static void **cb_arg(remote_t *r, uint64_t id)
-{
-    void **a = kvp__malloc(2 * sizeof(void *));
-    if (a) {
-        a[0] = r;
-        a[1] = (void *)(uintptr_t)id;
-    }
-    return a;
-}
 
 /* Parses the op fields of a reply into the op (mu held).  For GET, builds
  * p->iov over the caller's buffers for the values that follow. */
@@ -463,7 +502,7 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
     ucp_dt_iov_t *iov = p->iov;
     uint32_t niov = p->niov;
     pthread_mutex_unlock(&r->mu);
-    void **a = cb_arg(r, id);
+    cbarg_t *a = cb_arg(r, id);
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE,
         .cb.recv_am = on_recv_done,
@@ -478,11 +517,40 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
     } else {
         prm.datatype = ucp_dt_make_iov();
     }
-    ucs_status_ptr_t sp = a ? ucp_am_recv_data_nbx(r->worker, data, buf, count, &prm)
-                            : UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+    if (!a) { /* no memory: the values are dropped, the op fails */
+        pthread_mutex_lock(&r->mu);
+        pending_t *q = do_find(r, id);
+        opctx_t *f = NULL;
+        if (q) {
+            q->status = KVP_ERR_NO_MEMORY;
+            q->reply_done = 1;
+            f = do_maybe_done(r, q);
+        }
+        pthread_mutex_unlock(&r->mu);
+        fire(f);
+        return UCS_OK;
+    }
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(r->worker, data, buf, count, &prm);
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
-        on_recv_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, count, a ? a : cb_arg(r, id));
+        on_recv_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, count, a);
     return UCS_OK;
+}
+
+/* Hands the current connection to the progress thread to close (mu held). */
+static void do_retire(remote_t *r, int graceful)
+{
+    dead_t *d = kvp__calloc(1, sizeof *d);
+    if (d) {
+        *d = (dead_t){r->dead, r->ep, r->tcp_fd, r->gen, graceful, r->senders};
+        r->dead = d;
+    } else {
+        kvp_error("remote: out of memory retiring a connection; its endpoint is leaked");
+    }
+    r->connected = 0;
+    r->senders = 0;
+    r->gen++;
+    r->ep = NULL;
+    r->tcp_fd = -1;
 }
 
 /* Marks the connection broken (mu held); the progress thread closes it. */
@@ -491,12 +559,21 @@ static void do_disconnect(remote_t *r, const char *why)
     if (!r->connected)
         return;
     kvp_warn("remote: connection to %s:%u lost (%s)", r->host, r->port, why);
-    r->connected = 0;
-    r->dead_ep = r->ep;
-    r->dead_fd = r->tcp_fd;
-    r->dead_gen = r->gen++;
-    r->ep = NULL;
-    r->tcp_fd = -1;
+    do_retire(r, 0);
+}
+
+/* A thread is done sending on the connection of generation gen (mu held). */
+static void do_sent(remote_t *r, int gen)
+{
+    if (gen == r->gen) {
+        r->senders--;
+        return;
+    }
+    for (dead_t *d = r->dead; d; d = d->next)
+        if (d->gen == gen) {
+            d->senders--;
+            return;
+        }
 }
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -649,6 +726,7 @@ static int lane_rx(remote_t *r)
  * caller's buffers) on the lane socket fd, whole, before any other frame. */
 static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_t count, int iov)
 {
+    int gen = p->gen; /* p may be gone by the time do_sent() runs */
     const ucp_dt_iov_t *src = iov ? data : NULL;
     ucp_dt_iov_t one = {(void *)data, count};
     uint32_t nsrc = iov ? (uint32_t)count : (count ? 1u : 0u);
@@ -709,10 +787,8 @@ static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_
         why = "send failed";
         break;
     }
-    /* p is still ours (lane_sending: a lost connection fails its reply but
-     * leaves send_done to us). */
+    /* p is still ours: its connection is not failed before do_sent(). */
     pthread_mutex_lock(&r->mu);
-    p->lane_sending = 0;
     p->send_done = 1;
     if (stale)
         do_fail_reply(p, KVP_ERR_CONN_LOST);
@@ -724,6 +800,7 @@ static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_
             do_disconnect(r, why);
     }
     opctx_t *f = do_maybe_done(r, p);
+    do_sent(r, gen);
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_unlock(&r->tx_mu);
     if (why)
@@ -749,8 +826,7 @@ static void fail_generation(remote_t *r, int gen)
                 if (p->gen != gen || p->finished)
                     continue;
                 do_fail_reply(p, KVP_ERR_CONN_LOST);
-                if (!p->lane_sending)
-                    p->send_done = 1;
+                p->send_done = 1;
                 opctx_t *f = do_maybe_done(r, p);
                 if (f) {
                     done[nd++] = f;
@@ -797,35 +873,34 @@ static void *progress_main(void *arg)
             did = 1;
         uint64_t now = kvp__now_ns();
         pthread_mutex_lock(&r->mu);
-        ucp_ep_h dead = r->dead_ep;
-        int dead_fd = r->dead_fd;
-        int graceful = r->graceful;
-        int gen = r->dead_gen;
-        int stop = r->stop && r->npending == 0 && !dead;
-        int had_dead = dead || dead_fd >= 0;
-        if (had_dead) {
-            r->dead_ep = NULL;
-            r->dead_fd = -1;
+        dead_t *d = NULL, **dp = &r->dead;
+        while (*dp && (*dp)->senders > 0)
+            dp = &(*dp)->next;
+        if (*dp) { /* a lost connection nobody sends on any more */
+            d = *dp;
+            *dp = d->next;
         }
+        int waiting = r->dead != NULL; /* others: senders still inside post() */
+        int stop = r->stop && r->npending == 0 && !d && !waiting;
         pthread_mutex_unlock(&r->mu);
-        if (had_dead) {
+        if (d) {
             /* Endpoint first, socket second: when the server sees the socket
              * close, this side no longer reads or writes its memory. */
-            if (dead && graceful)
-                (void)kvp__ucx_ep_close_flush(r->worker, dead, 2000);
-            else if (dead)
-                kvp__ucx_ep_close_force(r->worker, dead);
-            if (dead_fd >= 0) {
-                epoll_ctl(r->epfd, EPOLL_CTL_DEL, dead_fd, NULL);
-                /* No lane writer or reader is using the socket when it
-                 * closes (their requests fail right after). */
+            if (d->ep && d->graceful)
+                (void)kvp__ucx_ep_close_flush(r->worker, d->ep, 2000);
+            else if (d->ep)
+                kvp__ucx_ep_close_force(r->worker, d->ep);
+            if (d->fd >= 0) {
+                epoll_ctl(r->epfd, EPOLL_CTL_DEL, d->fd, NULL);
+                /* No lane reader is using the socket when it closes. */
                 pthread_mutex_lock(&r->tx_mu);
                 pthread_mutex_lock(&r->rx_mu);
-                close(dead_fd);
+                close(d->fd);
                 pthread_mutex_unlock(&r->rx_mu);
                 pthread_mutex_unlock(&r->tx_mu);
             }
-            fail_generation(r, gen);
+            fail_generation(r, d->gen);
+            kvp__free(d, sizeof *d);
             continue;
         }
         if (stop)
@@ -846,7 +921,7 @@ static void *progress_main(void *arg)
             }
             continue;
         }
-        int timeout = now < spin_until ? 0 : 10;
+        int timeout = now < spin_until ? 0 : waiting ? 1 : 10;
         if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY)
             continue;
         struct epoll_event evs[4];
@@ -907,25 +982,27 @@ static pending_t *pending_new(uint32_t wop, opctx_t *parent)
  * nothing was sent (p not registered; the caller still owns it). */
 static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t count, int iov)
 {
-    void **a = cb_arg(r, p->req_id);
+    cbarg_t *a = cb_arg(r, p->req_id);
     if (!a)
         return KVP_ERR_NO_MEMORY;
     pthread_mutex_lock(&r->mu);
     if (!r->connected) {
+        do_cb_put(r, a);
         pthread_mutex_unlock(&r->mu);
-        kvp__free(a, 2 * sizeof(void *));
         return KVP_ERR_CONN_LOST;
     }
     ucp_ep_h ep = r->ep;
-    int fd = r->tcp_fd, lane = atomic_load(&r->lane);
-    p->gen = r->gen;
+    int fd = r->tcp_fd, lane = atomic_load(&r->lane), gen = r->gen;
+    p->gen = gen;
     uint32_t to = p->op && p->op->timeout_ms ? p->op->timeout_ms : r->timeout_ms;
     p->deadline_ns = kvp__now_ns() + (uint64_t)to * 1000000ull;
     do_add(r, p);
-    p->lane_sending = lane;
+    r->senders++; /* the endpoint and socket stay open until do_sent() */
     pthread_mutex_unlock(&r->mu);
     if (lane) {
-        kvp__free(a, 2 * sizeof(void *));
+        pthread_mutex_lock(&r->mu);
+        do_cb_put(r, a);
+        pthread_mutex_unlock(&r->mu);
         lane_post(r, p, fd, data, count, iov);
         return KVP_INPROGRESS;
     }
@@ -954,6 +1031,9 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         prm.flags = UCP_AM_SEND_FLAG_RNDV;
     }
     ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, hdr, hlen, data, count, &prm);
+    pthread_mutex_lock(&r->mu);
+    do_sent(r, gen);
+    pthread_mutex_unlock(&r->mu);
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         on_send_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, a);
     wake(r);
@@ -1293,14 +1373,8 @@ static void remote_close(void *impl)
     r->stop = 1;
     /* A healthy connection closes by flushing, so the last messages owed to
      * the server (rendezvous acknowledgements) still go out. */
-    r->graceful = r->connected;
-    if (r->ep || r->tcp_fd >= 0) {
-        r->dead_ep = r->ep;
-        r->dead_fd = r->tcp_fd;
-        r->dead_gen = r->gen++;
-        r->ep = NULL;
-        r->tcp_fd = -1;
-    }
+    if (r->ep || r->tcp_fd >= 0)
+        do_retire(r, r->connected);
     r->connected = 0;
     pthread_mutex_unlock(&r->mu);
     wake(r);
@@ -1312,6 +1386,11 @@ static void remote_close(void *impl)
         kvp__free(g, sizeof *g);
     }
     kvp__ucx_close(r->ctx, r->worker);
+    while (r->cb_all) { /* UCX calls back no more */
+        cbarg_t *a = r->cb_all;
+        r->cb_all = a->next_all;
+        kvp__free(a, sizeof *a);
+    }
     close(r->wake_fd);
     close(r->epfd);
     pthread_mutex_destroy(&r->mu);
@@ -1427,7 +1506,7 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     r->port = (uint16_t)port;
     r->token = token;
     r->timeout_ms = (uint32_t)(timeout_ns / 1000000ull);
-    r->tcp_fd = r->dead_fd = -1;
+    r->tcp_fd = -1;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->conn_mu, NULL);
     pthread_mutex_init(&r->tx_mu, NULL);

@@ -470,6 +470,95 @@ static void frozen_server_times_out(int lane)
 TEST(test_server_frozen_server_times_out) { frozen_server_times_out(0); }
 TEST(test_server_lane_frozen_server_times_out) { frozen_server_times_out(1); }
 
+/* Threads sharing one connection while the server is killed and restarted
+ * under them, twice: every call returns (OK, or CONN_LOST/TIMEOUT/
+ * CONN_REFUSED while the server is away), nothing read is ever wrong, and
+ * the connection works again at the end.  Both transports. */
+typedef struct {
+    kvp_pool_t *p;
+    int id;
+    _Atomic int *stop;
+    _Atomic int *bad;
+    _Atomic uint64_t *ok_ops;
+} churn_arg_t;
+
+static void *churn_thread(void *arg)
+{
+    churn_arg_t *a = arg;
+    uint64_t seed = (uint64_t)a->id * 7919u + 3;
+    char key[32];
+    while (!atomic_load(a->stop)) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((seed >> 33) % 32);
+        size_t size = 1000 + (size_t)(k % 4) * 70000; /* small and rendezvous-sized */
+        snprintf(key, sizeof key, "churn-%d", k);
+        kvp_status_t st;
+        if ((seed >> 20) % 2) {
+            put_pattern(a->p, key, size, (uint8_t)k, &st);
+        } else {
+            char *v = malloc(size);
+            kvp_key_t kk = kvp_key_str(key);
+            kvp_iov_t iov = {v, size};
+            kvp_sgl_t sgl = {&iov, 1};
+            kvp_key_result_t r;
+            st = kvp_pool_get(a->p, &kk, &sgl, 1, &r);
+            if (st == KVP_OK && r.status == KVP_OK)
+                for (size_t j = 0; j < size; j++)
+                    if (v[j] != (char)((uint8_t)k + j * 7)) {
+                        atomic_fetch_add(a->bad, 1);
+                        break;
+                    }
+            free(v);
+        }
+        if (st == KVP_OK)
+            atomic_fetch_add(a->ok_ops, 1);
+        else if (st != KVP_ERR_CONN_LOST && st != KVP_ERR_TIMEOUT && st != KVP_ERR_CONN_REFUSED) {
+            fprintf(stderr, "  churn %d: %s\n", a->id, kvp_status_name(st));
+            atomic_fetch_add(a->bad, 1);
+        }
+    }
+    return NULL;
+}
+
+static void shared_connection_server_churn(int lane)
+{
+    server_t s = {0};
+    server_start(&s, "64MiB", 0, NULL);
+    uint16_t port = s.port;
+    char uri[sizeof s.uri + 64];
+    snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?timeout=2s%s", port, lane ? "&transport=tcp" : "");
+    kvp_pool_t *p = open_ok(uri);
+    enum { T = 8 };
+    _Atomic int stop = 0, bad = 0;
+    _Atomic uint64_t ok_ops = 0;
+    pthread_t t[T];
+    churn_arg_t a[T];
+    for (int i = 0; i < T; i++) {
+        a[i] = (churn_arg_t){p, i, &stop, &bad, &ok_ops};
+        pthread_create(&t[i], NULL, churn_thread, &a[i]);
+    }
+    for (int round = 0; round < 2; round++) {
+        sleep_ms(400);
+        server_stop(&s, SIGKILL);
+        sleep_ms(200);
+        server_start(&s, "64MiB", port, NULL);
+    }
+    sleep_ms(400);
+    uint64_t before = atomic_load(&ok_ops);
+    for (int i = 0; i < 300 && atomic_load(&ok_ops) == before; i++) /* working again */
+        sleep_ms(10);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < T; i++)
+        pthread_join(t[i], NULL);
+    ASSERT_EQ(atomic_load(&bad), 0);
+    ASSERT_MSG(atomic_load(&ok_ops) > before, "no successful call after the last restart");
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+TEST(test_server_shared_connection_server_churn) { shared_connection_server_churn(0); }
+TEST(test_server_lane_shared_connection_server_churn) { shared_connection_server_churn(1); }
+
 /* ---- transports ---- */
 
 /* A transport that does not exist here (RDMA on a host without a NIC):
@@ -1062,6 +1151,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
           T(test_server_metrics_prometheus_text), T(test_server_lane_unread_replies_backpressure),
+          T(test_server_shared_connection_server_churn), T(test_server_lane_shared_connection_server_churn),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
