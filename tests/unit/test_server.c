@@ -559,6 +559,82 @@ static void shared_connection_server_churn(int lane)
 TEST(test_server_shared_connection_server_churn) { shared_connection_server_churn(0); }
 TEST(test_server_lane_shared_connection_server_churn) { shared_connection_server_churn(1); }
 
+/* Clients killed (SIGKILL) at random moments while they put and get, over
+ * both transports, and replaced, for a while: the server keeps serving, no
+ * reservation outlives its client, the counters' identity holds, and every
+ * value read afterwards is whole. */
+static pid_t spawn_loader(const char *uri, int id)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        _Atomic int bad = 0;
+        _Atomic uint64_t ops = 0;
+        pthread_t t[4];
+        load_arg_t a[4];
+        uint64_t deadline = kvp__now_ns() + 60ull * 1000000000ull; /* killed long before */
+        for (int ti = 0; ti < 4; ti++) {
+            a[ti] = (load_arg_t){uri, id, ti, deadline, &bad, &ops, NULL};
+            pthread_create(&t[ti], NULL, load_thread, &a[ti]);
+        }
+        for (int ti = 0; ti < 4; ti++)
+            pthread_join(t[ti], NULL);
+        _exit(0);
+    }
+    return pid;
+}
+
+TEST(test_server_clients_killed_at_random_under_load)
+{
+    server_t s = {0};
+    server_start(&s, "128MiB", 0, NULL);
+    enum { KIDS = 6 };
+    pid_t kids[KIDS];
+    for (int i = 0; i < KIDS; i++)
+        kids[i] = spawn_loader(i % 2 ? lane_uri(&s) : s.uri, i);
+    uint64_t seed = 12345, end = kvp__now_ns() + 3000000000ull;
+    int kills = 0;
+    while (kvp__now_ns() < end) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        sleep_ms(50 + (int)((seed >> 33) % 150));
+        int i = (int)((seed >> 20) % KIDS);
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+        kills++;
+        kids[i] = spawn_loader(i % 2 ? lane_uri(&s) : s.uri, i);
+    }
+    for (int i = 0; i < KIDS; i++) {
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+    }
+    int sst;
+    ASSERT_MSG(waitpid(s.pid, &sst, WNOHANG) == 0, "the server died");
+    kvp_pool_t *p = open_ok(s.uri);
+    kvp_pool_stats_t st;
+    for (int i = 0; i < 300; i++) {
+        ASSERT_OK(kvp_pool_stats(p, &st));
+        if (st.reserved == 0)
+            break;
+        sleep_ms(10);
+    }
+    ASSERT_EQ(st.reserved, 0);
+    ASSERT_EQ(st.committed, st.live + st.evicted + st.removed + st.reset);
+    for (int k = 0; k < 64; k++) /* whatever is stored is whole */
+        for (int sz = 0; sz < 8; sz++) {
+            char key[64];
+            size_t size = 1024 + (size_t)sz * 4096;
+            snprintf(key, sizeof key, "shared-%d-%zu", k, size);
+            (void)check_pattern(p, key, size, (uint8_t)k);
+        }
+    kvp_status_t pst;
+    put_pattern(p, "after-the-kills", 4096, 9, &pst);
+    ASSERT_OK(pst);
+    ASSERT_EQ(check_pattern(p, "after-the-kills", 4096, 9), 1);
+    fprintf(stderr, "  %d clients killed; %llu objects live\n", kills, (unsigned long long)st.live);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* ---- transports ---- */
 
 /* A transport that does not exist here (RDMA on a host without a NIC):
@@ -1152,6 +1228,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
           T(test_server_metrics_prometheus_text), T(test_server_lane_unread_replies_backpressure),
           T(test_server_shared_connection_server_churn), T(test_server_lane_shared_connection_server_churn),
+          T(test_server_clients_killed_at_random_under_load),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
