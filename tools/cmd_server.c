@@ -18,7 +18,10 @@ static void usage(FILE *f)
                "  --token-file   clients must present this file's first line as token\n"
                "  --put-timeout  reclaim put reservations not committed within this (default 30s)\n"
                "  --no-prefault  do not fault the arena in at start (it is by default)\n"
-               "  --log-level    error|warn|info|debug (default info)\n");
+               "  --log-level    error|warn|info|debug (default info)\n"
+               "SIGTERM or SIGINT: finish the requests in flight, refuse new ones, exit 0.\n"
+               "SIGUSR2: replace the UCX worker (its clients reconnect); the server does this by\n"
+               "itself when the worker is stuck, e.g. after a client died mid-message.\n");
 }
 
 /* Reads the token: the file's first line, without the line end. */

@@ -863,6 +863,7 @@ static void *progress_main(void *arg)
 {
     remote_t *r = arg;
     uint64_t last_check = 0, spin_until = 0;
+    unsigned busy = 0;
     for (;;) {
         int did = 0;
         /* A caller driving the worker makes progress for everyone: stay off
@@ -922,8 +923,13 @@ static void *progress_main(void *arg)
             continue;
         }
         int timeout = now < spin_until ? 0 : waiting ? 1 : 10;
+        /* Not armable while it has events: poll the sockets and come back
+         * (see the server's loop: a dead peer's transport can keep the
+         * worker "busy" with nothing to progress). */
         if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY)
-            continue;
+            timeout = did || ++busy < 1000 ? 0 : 1;
+        else
+            busy = 0;
         struct epoll_event evs[4];
         int n = epoll_wait(r->epfd, evs, 4, timeout);
         for (int i = 0; i < n; i++) {

@@ -79,6 +79,8 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
             "kvpool_connections_accepted_total{transport=\"ucx\"} %llu\n"
             "kvpool_connections_accepted_total{transport=\"tcp\"} %llu\n",
         (unsigned long long)(acc - acc_tcp), (unsigned long long)acc_tcp);
+    out(&b, "# TYPE kvpool_ucx_worker_rebuilds_total counter\nkvpool_ucx_worker_rebuilds_total %llu\n",
+        (unsigned long long)atomic_load(&c->worker_rebuilds));
     out(&b, "# HELP kvpool_request_seconds Request latency in the server.\n# TYPE kvpool_request_seconds histogram\n");
     for (int op = 1; op <= KVP_WOP_MAX; op++) {
         uint64_t cum = 0;

@@ -105,6 +105,7 @@ typedef struct conn {
  * server stop reading its requests (backpressure) once this much waits. */
 #define LANE_TX_MAX_COUNT 1024u
 #define LANE_TX_MAX_BYTES (64ull << 20)
+#define WEDGE_NS (1ull * 1000000000ull) /* see worker_rebuild */
 #define ABANDON_AFTER_NS (2ull * 1000000000ull) /* see conn_abandon_replies */
 
 typedef struct server {
@@ -120,6 +121,7 @@ typedef struct server {
     conn_t *by_key[KEY_BUCKETS];
     uint64_t nconns, next_conn_id;
     int draining, stop;
+    int rebuild;                /* SIGUSR2: replace the UCX worker (see worker_rebuild) */
     uint64_t drain_deadline_ns;
     uint64_t inflight;          /* requests not yet answered */
     uint64_t inflight_puts, inflight_replies, inflight_in_data; /* its parts, for diagnosis */
@@ -1234,6 +1236,10 @@ static void on_signal(server_t *s)
 {
     struct signalfd_siginfo si;
     while (read(s->signal_src.fd, &si, sizeof si) == sizeof si) {
+        if (si.ssi_signo == SIGUSR2) { /* operator: replace the UCX worker */
+            s->rebuild = 1;
+            continue;
+        }
         if (!s->draining) {
             kvp_info("server: signal %u: finishing %llu request(s) in flight, refusing new ones",
                      si.ssi_signo, (unsigned long long)s->inflight);
@@ -1243,10 +1249,84 @@ static void on_signal(server_t *s)
     }
 }
 
+/* Gives the current worker its request handler and address, and (once the
+ * event loop exists) a place in it. */
+static kvp_status_t worker_setup(server_t *s)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = KVP_AM_REQUEST,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_request,
+        .arg = s,
+    };
+    if (ucp_worker_set_am_recv_handler(s->worker, &hp) != UCS_OK ||
+        ucp_worker_get_address(s->worker, &s->addr, &s->addr_len) != UCS_OK) {
+        kvp_error("server: cannot set up the UCX worker");
+        return KVP_ERR_IO;
+    }
+    if (s->epfd >= 0) {
+        int wfd = -1;
+        ucp_worker_get_efd(s->worker, &wfd);
+        add_fd(s, &s->worker_src, SRC_WORKER, wfd);
+    }
+    return KVP_OK;
+}
+
+/* The worker has had events for a while that its progress cannot take: a
+ * client killed in the middle of writing a message into the server's
+ * shared-memory FIFO leaves a slot that is never completed, and every
+ * message behind it, from every client, waits forever.  The only way out is
+ * a new worker: its UCX connections are closed (those clients see the
+ * connection lost and reconnect to the new worker's address), connections
+ * on kvpool's TCP transport are not touched. */
+static void worker_rebuild(server_t *s, int stuck)
+{
+    if (stuck)
+        kvp_error("server: UCX worker stuck (events it cannot progress for %llu ms, likely a client killed "
+                  "mid-message); replacing it, UCX clients reconnect",
+                  (unsigned long long)(WEDGE_NS / 1000000ull));
+    atomic_fetch_add(&s->ctr.worker_rebuilds, 1);
+    for (conn_t *c = s->conns; c; c = c->next)
+        if (!c->lane && c->state == CONN_READY)
+            conn_kill(s, c, "UCX worker replaced");
+    for (conn_t *c = s->conns; c; c = c->next) {
+        if (c->ep) {
+            ucp_ep_h ep = c->ep;
+            c->ep = NULL;
+            kvp__ucx_ep_close_force(s->worker, ep);
+        }
+        if (!c->lane)
+            conn_abandon_replies(c); /* their sends die with the worker */
+    }
+    epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->worker_src.fd, NULL);
+    ucp_worker_release_address(s->worker, s->addr);
+    s->addr = NULL;
+    ucp_worker_destroy(s->worker);
+    s->worker = NULL;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(s->ctx, &wp, &s->worker) != UCS_OK || worker_setup(s) != KVP_OK) {
+        kvp_error("server: cannot create a new UCX worker; stopping");
+        s->draining = 1;
+        s->stop = 1;
+    }
+}
+
 static void loop(server_t *s)
 {
-    uint64_t spin_until = 0;
+    uint64_t spin_until = 0, busy_since = 0;
+    unsigned busy = 0;
     for (;;) {
+        if (s->stop)
+            return;
+        if (s->rebuild) {
+            s->rebuild = 0;
+            kvp_warn("server: SIGUSR2: replacing the UCX worker");
+            worker_rebuild(s, 0);
+            continue;
+        }
         int did = 0;
         while (ucp_worker_progress(s->worker))
             did = 1;
@@ -1254,8 +1334,24 @@ static void loop(server_t *s)
         if (did)
             spin_until = now + 50000; /* keep polling 50 us after activity: lower latency */
         int timeout = now < spin_until ? 0 : (s->draining ? 10 : 1000);
-        if (timeout && ucp_worker_arm(s->worker) == UCS_ERR_BUSY)
-            continue;
+        /* The worker cannot be armed while it has events: poll the sockets
+         * and come back.  (A worker with a dead peer's transport can stay
+         * "busy" with nothing to progress: never let that starve the
+         * sockets, and after a while stop burning the core on it.) */
+        if (timeout && ucp_worker_arm(s->worker) == UCS_ERR_BUSY) {
+            if (did || !busy_since) {
+                busy_since = did ? 0 : now;
+            } else if (now - busy_since > WEDGE_NS) {
+                worker_rebuild(s, 1);
+                busy_since = 0;
+                busy = 0;
+                continue;
+            }
+            timeout = did || ++busy < 1000 ? 0 : 1;
+        } else {
+            busy = 0;
+            busy_since = 0;
+        }
         struct epoll_event evs[16];
         int n = epoll_wait(s->epfd, evs, 16, timeout);
         for (int i = 0; i < n; i++) {
@@ -1299,6 +1395,7 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
     server_t *s = kvp__calloc(1, sizeof *s);
@@ -1337,20 +1434,9 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     st = kvp__ucx_open("server", KVP_UCX_SERVER, &s->ctx, &s->worker);
     if (st != KVP_OK)
         goto err_store;
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = KVP_AM_REQUEST,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_request,
-        .arg = s,
-    };
-    if (ucp_worker_set_am_recv_handler(s->worker, &hp) != UCS_OK ||
-        ucp_worker_get_address(s->worker, &s->addr, &s->addr_len) != UCS_OK) {
-        kvp_error("server: cannot set up the UCX worker");
-        st = KVP_ERR_IO;
+    st = worker_setup(s);
+    if (st != KVP_OK)
         goto err_ucx;
-    }
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     st = start_listener(s);
     if (st != KVP_OK)

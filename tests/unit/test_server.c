@@ -609,7 +609,17 @@ TEST(test_server_clients_killed_at_random_under_load)
     }
     int sst;
     ASSERT_MSG(waitpid(s.pid, &sst, WNOHANG) == 0, "the server died");
-    kvp_pool_t *p = open_ok(s.uri);
+    /* A client killed in the middle of a shared-memory message stalls the
+     * server's UCX worker until the server replaces it (about 1 s; UCX
+     * clients then reconnect): a connection made meanwhile may be refused. */
+    kvp_pool_t *p = NULL;
+    kvp_status_t ost = KVP_ERR_CONN_REFUSED;
+    for (int i = 0; i < 50 && ost != KVP_OK; i++) {
+        ost = kvp_pool_open(s.uri, &p);
+        if (ost != KVP_OK)
+            sleep_ms(100);
+    }
+    ASSERT_MSG(ost == KVP_OK, "no connection after the kills: %s", kvp_status_name(ost));
     kvp_pool_stats_t st;
     for (int i = 0; i < 300; i++) {
         ASSERT_OK(kvp_pool_stats(p, &st));
@@ -1173,6 +1183,50 @@ TEST(test_server_lane_unread_replies_backpressure)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* The UCX worker replaced (SIGUSR2; the server does the same by itself when
+ * the worker is stuck): UCX clients lose the connection and reconnect,
+ * every stored object is still there, TCP-transport clients never notice. */
+TEST(test_server_worker_replaced_clients_reconnect)
+{
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri), *q = open_ok(lane_uri(&s));
+    kvp_status_t st;
+    put_pattern(p, "before-ucx", 200000, 1, &st);
+    ASSERT_OK(st);
+    put_pattern(q, "before-tcp", 200000, 2, &st);
+    ASSERT_OK(st);
+    kill(s.pid, SIGUSR2);
+    sleep_ms(200);
+    for (int i = 0; i < 5; i++) /* the TCP transport is not touched */
+        ASSERT_EQ(check_pattern(q, "before-ucx", 200000, 1), 1);
+    int ok = 0, lost = 0;
+    for (int i = 0; i < 100 && !ok; i++) {
+        put_pattern(p, "after-ucx", 200000, 3, &st);
+        ok = st == KVP_OK;
+        lost += st == KVP_ERR_CONN_LOST || st == KVP_ERR_CONN_REFUSED;
+        if (!ok) {
+            ASSERT_MSG(st == KVP_ERR_CONN_LOST || st == KVP_ERR_CONN_REFUSED || st == KVP_ERR_TIMEOUT,
+                       "while reconnecting: %s", kvp_status_name(st));
+            sleep_ms(50);
+        }
+    }
+    ASSERT_MSG(ok, "the UCX client did not reconnect");
+    (void)lost; /* an op in flight at the switch fails; an idle client just reconnects */
+    ASSERT_EQ(check_pattern(p, "before-ucx", 200000, 1), 1);
+    ASSERT_EQ(check_pattern(p, "before-tcp", 200000, 2), 1);
+    ASSERT_EQ(check_pattern(q, "after-ucx", 200000, 3), 1);
+    char *m = http_metrics(s.metrics_port);
+    ASSERT_EQ(metric(m, "kvpool_ucx_worker_rebuilds_total"), 1);
+    ASSERT_EQ(metric(m, "kvpool_connections_accepted_total{transport=\"ucx\"}"), 2); /* it reconnected */
+    ASSERT_EQ(metric(m, "kvpool_connections_accepted_total{transport=\"tcp\"}"), 1); /* never did */
+    free(m);
+    kvp_pool_close(p);
+    kvp_pool_close(q);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* SIGTERM: the put in flight finishes, then the server exits 0. */
 typedef struct {
     const char *uri;
@@ -1228,7 +1282,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
           T(test_server_metrics_prometheus_text), T(test_server_lane_unread_replies_backpressure),
           T(test_server_shared_connection_server_churn), T(test_server_lane_shared_connection_server_churn),
-          T(test_server_clients_killed_at_random_under_load),
+          T(test_server_clients_killed_at_random_under_load), T(test_server_worker_replaced_clients_reconnect),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
