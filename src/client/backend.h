@@ -24,10 +24,16 @@ typedef struct kvp__backend_ops {
      * the backend's own progress thread stays off the CPU, so one waiting
      * caller costs one busy thread, not two. */
     void (*drive)(void *impl, _Atomic int *done, uint64_t until_ns);
+    /* Optional, for tests: make the transport recover as it would from a
+     * stuck state (kvpool://: replace the UCX worker).  KVP_OK once done. */
+    kvp_status_t (*test_recover)(void *impl);
     /* Optional: registers/deregisters caller memory with the transport. */
     kvp_status_t (*reg)(void *impl, void *addr, size_t len);
     kvp_status_t (*dereg)(void *impl, void *addr);
 } kvp__backend_ops_t;
+
+/* Tests: the backend's test_recover on pool (KVP_ERR_UNSUPPORTED without). */
+kvp_status_t kvp__pool_test_recover(kvp_pool_t *pool);
 
 extern const kvp__backend_ops_t kvp__embedded_backend;
 extern const kvp__backend_ops_t kvp__remote_backend;

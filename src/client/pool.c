@@ -24,6 +24,11 @@ struct kvp_pool {
 
 static const kvp__backend_ops_t *const g_backends[] = {&kvp__embedded_backend, &kvp__remote_backend};
 
+kvp_status_t kvp__pool_test_recover(kvp_pool_t *pool)
+{
+    return pool && pool->ops->test_recover ? pool->ops->test_recover(pool->impl) : KVP_ERR_UNSUPPORTED;
+}
+
 kvp_status_t kvp_pool_open(const char *uri, kvp_pool_t **pool_p)
 {
     if (!pool_p) {

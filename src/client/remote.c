@@ -45,6 +45,7 @@
 #include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <ifaddrs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/backend.h"
@@ -81,6 +82,7 @@ typedef struct pending {
     int gen;
     kvp_op_t *op;                 /* parent->op, or NULL */
     int send_done, reply_done, timed_out;
+    int recv_active;              /* UCX is receiving its values: only that receive's end finishes it */
     kvp_status_t status;
     uint64_t deadline_ns;
     kvp__mpw_t w;                 /* the request header */
@@ -122,6 +124,13 @@ typedef struct remote {
     int senders;                   /* threads inside post() on the current connection */
     struct dead *dead;             /* lost connections the progress thread has yet to close */
     struct cbarg *cb_all, *cb_free; /* UCX callback arguments: all ever made, and the unused */
+    pthread_rwlock_t wlock;        /* read: using the worker (drive, send); write: replacing it */
+    int replacing;                 /* the worker is being replaced: no new connection meanwhile */
+    int replace_req;               /* tests: replace it now (kvp__pool_test_recover) */
+    uint64_t recv_active;          /* requests with recv_active set */
+    _Atomic uint64_t progressed_ns; /* when any thread's progress last did something */
+    int replaced;                  /* how many times it was */
+    int wfd;                       /* the worker's event fd, in epfd */
     uint64_t next_retry_ns;
     uint32_t backoff_ms;
     pending_t *bucket[NBUCKETS];
@@ -176,6 +185,41 @@ typedef struct cbarg {
     struct remote *r;
     uint64_t id;
 } cbarg_t;
+
+/* ---- the worker lock ----
+ * Readers use the worker (drive it, send on its endpoints, connect on it);
+ * the one writer replaces it.  Writers are preferred, or a stream of
+ * driving callers would keep the replacement out forever; so a thread that
+ * already reads (a completion callback that posts the next request) must
+ * not take it again: the depth is kept per thread. */
+static __thread const void *t_wlock_held;
+static __thread int t_wlock_depth;
+
+/* Returns what wunlock() needs to know. */
+static int wlock_rd(pthread_rwlock_t *l)
+{
+    if (t_wlock_held == l) {
+        t_wlock_depth++;
+        return 0;
+    }
+    pthread_rwlock_rdlock(l);
+    if (t_wlock_held)
+        return 2; /* another remote's lock is held too: not tracked */
+    t_wlock_held = l;
+    t_wlock_depth = 1;
+    return 1;
+}
+
+static void wunlock(pthread_rwlock_t *l, int how)
+{
+    if (how == 0) {
+        t_wlock_depth--;
+        return;
+    }
+    if (how == 1)
+        t_wlock_held = NULL;
+    pthread_rwlock_unlock(l);
+}
 
 /* ---- pending table (under mu) ---- */
 
@@ -319,7 +363,11 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
     pending_t *p = do_find(r, id);
     opctx_t *f = NULL;
     if (p) {
-        if (status != UCS_OK)
+        if (p->recv_active) {
+            p->recv_active = 0;
+            r->recv_active--;
+        }
+        if (status != UCS_OK && p->status == KVP_OK)
             p->status = KVP_ERR_CONN_LOST;
         p->reply_done = 1;
         f = do_maybe_done(r, p);
@@ -497,10 +545,15 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
         fire(f);
         return UCS_OK;
     }
-    /* Rendezvous: let UCX move the values straight into the caller's buffers. */
+    /* Rendezvous: let UCX move the values straight into the caller's buffers.
+     * Until that receive ends, nothing else may finish the op: UCX may
+     * still be writing into the caller's buffers (even after the endpoint
+     * was force-closed: a CMA copy already queued still runs). */
     uint64_t id = p->req_id;
     ucp_dt_iov_t *iov = p->iov;
     uint32_t niov = p->niov;
+    p->recv_active = 1;
+    r->recv_active++;
     pthread_mutex_unlock(&r->mu);
     cbarg_t *a = cb_arg(r, id);
     ucp_request_param_t prm = {
@@ -522,6 +575,8 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
         pending_t *q = do_find(r, id);
         opctx_t *f = NULL;
         if (q) {
+            q->recv_active = 0;
+            r->recv_active--;
             q->status = KVP_ERR_NO_MEMORY;
             q->reply_done = 1;
             f = do_maybe_done(r, q);
@@ -825,8 +880,14 @@ static void fail_generation(remote_t *r, int gen)
                 next = p->next;
                 if (p->gen != gen || p->finished)
                     continue;
-                do_fail_reply(p, KVP_ERR_CONN_LOST);
                 p->send_done = 1;
+                if (p->recv_active) {
+                    /* its receive ends it (with this status) */
+                    if (p->status == KVP_OK)
+                        p->status = p->timed_out ? KVP_ERR_TIMEOUT : KVP_ERR_CONN_LOST;
+                    continue;
+                }
+                do_fail_reply(p, KVP_ERR_CONN_LOST);
                 opctx_t *f = do_maybe_done(r, p);
                 if (f) {
                     done[nd++] = f;
@@ -847,25 +908,201 @@ static void check_deadlines(remote_t *r)
 {
     uint64_t now = kvp__now_ns();
     pthread_mutex_lock(&r->mu);
-    int expired = 0;
+    int expired = 0, stranded = 0;
     for (int b = 0; b < NBUCKETS; b++)
-        for (pending_t *p = r->bucket[b]; p; p = p->next)
+        for (pending_t *p = r->bucket[b]; p; p = p->next) {
             if (!p->finished && !p->reply_done && p->deadline_ns && now > p->deadline_ns) {
                 p->timed_out = 1;
                 expired = 1;
             }
+            /* a receive its lost connection never ended: only a new worker
+             * guarantees UCX writes no more into the caller's buffers */
+            if (p->recv_active && p->gen != r->gen && now > p->deadline_ns + 2000000000ull)
+                stranded = 1;
+        }
     if (expired)
         do_disconnect(r, "a request timed out; resetting the connection");
+    if (stranded && !r->replace_req) {
+        kvp_warn("remote: a receive on a lost connection never ended; replacing the UCX worker");
+        r->replace_req = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Closes one lost connection nobody sends on any more and fails its
+ * requests (progress thread).  Returns 1 if it did. */
+static int reap_dead(remote_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    dead_t *d = NULL, **dp = &r->dead;
+    while (*dp && (*dp)->senders > 0)
+        dp = &(*dp)->next;
+    if (*dp) {
+        d = *dp;
+        *dp = d->next;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!d)
+        return 0;
+    /* Endpoint first, socket second: when the server sees the socket
+     * close, this side no longer reads or writes its memory. */
+    if (d->ep && d->graceful)
+        (void)kvp__ucx_ep_close_flush(r->worker, d->ep, 2000);
+    else if (d->ep)
+        kvp__ucx_ep_close_force(r->worker, d->ep);
+    if (d->fd >= 0) {
+        epoll_ctl(r->epfd, EPOLL_CTL_DEL, d->fd, NULL);
+        /* No lane reader is using the socket when it closes. */
+        pthread_mutex_lock(&r->tx_mu);
+        pthread_mutex_lock(&r->rx_mu);
+        close(d->fd);
+        pthread_mutex_unlock(&r->rx_mu);
+        pthread_mutex_unlock(&r->tx_mu);
+    }
+    fail_generation(r, d->gen);
+    kvp__free(d, sizeof *d);
+    return 1;
+}
+
+/* Gives the current worker the reply handler and a place in epfd. */
+static kvp_status_t worker_setup(remote_t *r)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = KVP_AM_REPLY,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_reply,
+        .arg = r,
+    };
+    r->wfd = -1;
+    if (ucp_worker_set_am_recv_handler(r->worker, &hp) != UCS_OK ||
+        ucp_worker_get_efd(r->worker, &r->wfd) != UCS_OK)
+        return KVP_ERR_IO;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = r->wfd};
+    epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->wfd, &ev);
+    return KVP_OK;
+}
+
+/* After its worker is gone: requests still waiting for their receive to
+ * end (it never will) fail now. */
+static void fail_stranded_receives(remote_t *r)
+{
+    opctx_t *done[64];
+    int again = 1;
+    while (again) {
+        int nd = 0;
+        again = 0;
+        pthread_mutex_lock(&r->mu);
+        for (int b = 0; b < NBUCKETS && !again; b++)
+            for (pending_t *p = r->bucket[b], *next; p; p = next) {
+                next = p->next;
+                if (!p->recv_active || p->finished)
+                    continue;
+                kvp_warn("remote: request %llu: its values never arrived", (unsigned long long)p->req_id);
+                p->recv_active = 0;
+                r->recv_active--;
+                do_fail_reply(p, KVP_ERR_CONN_LOST);
+                p->send_done = 1;
+                opctx_t *f = do_maybe_done(r, p);
+                if (f) {
+                    done[nd++] = f;
+                    if (nd == 64) {
+                        again = 1;
+                        break;
+                    }
+                }
+            }
+        pthread_mutex_unlock(&r->mu);
+        for (int i = 0; i < nd; i++)
+            fire(done[i]);
+    }
+}
+
+/* The worker has had events for a while that its progress cannot take: a
+ * server killed in the middle of writing a reply into this process's
+ * shared-memory FIFO leaves a slot that is never completed, and every reply
+ * behind it waits forever (docs/transport.md §8).  Replaces the worker
+ * (progress thread): the UCX connection is retired, and the next call
+ * connects from the new worker. */
+static void replace_worker(remote_t *r, int stuck)
+{
+    if (stuck)
+        kvp_warn("remote: UCX worker stuck (events it cannot progress for 1 s, likely a server killed "
+                 "mid-message); replacing it");
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        r->replacing = 1;
+        if (r->connected && !atomic_load(&r->lane))
+            do_disconnect(r, "the UCX worker is being replaced");
+        pthread_mutex_unlock(&r->mu);
+        for (;;) { /* every endpoint of this worker closed */
+            if (reap_dead(r))
+                continue;
+            pthread_mutex_lock(&r->mu);
+            int left = r->dead != NULL;
+            pthread_mutex_unlock(&r->mu);
+            if (!left)
+                break;
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        /* Receives in flight end (CMA copies finish, or fail) before the
+         * worker goes: 2 s at most. */
+        uint64_t until = kvp__now_ns() + 2000000000ull;
+        for (;;) {
+            pthread_mutex_lock(&r->mu);
+            uint64_t n = r->recv_active;
+            pthread_mutex_unlock(&r->mu);
+            if (!n || kvp__now_ns() > until)
+                break;
+            int wl = wlock_rd(&r->wlock);
+            ucp_worker_progress(r->worker);
+            wunlock(&r->wlock, wl);
+        }
+        pthread_rwlock_wrlock(&r->wlock);
+        pthread_mutex_lock(&r->mu);
+        int clean = !(r->connected && !atomic_load(&r->lane)) && !r->dead;
+        pthread_mutex_unlock(&r->mu);
+        if (clean)
+            break;
+        pthread_rwlock_unlock(&r->wlock); /* a connect slipped in: again */
+    }
+    epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->wfd, NULL);
+    ucp_worker_destroy(r->worker); /* no receive of it can write any more */
+    r->worker = NULL;
+    fail_stranded_receives(r);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_MULTI};
+    if (ucp_worker_create(r->ctx, &wp, &r->worker) != UCS_OK || worker_setup(r) != KVP_OK)
+        kvp_error("remote: cannot create a new UCX worker; UCX connections will fail");
+    pthread_rwlock_unlock(&r->wlock);
+    pthread_mutex_lock(&r->mu);
+    r->replacing = r->worker == NULL; /* without a worker, stay unconnectable */
+    r->replaced++;
+    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 
 static void *progress_main(void *arg)
 {
     remote_t *r = arg;
-    uint64_t last_check = 0, spin_until = 0;
+    uint64_t last_check = 0, spin_until = 0, busy_since = 0;
     unsigned busy = 0;
     for (;;) {
         int did = 0;
+        if (!r->worker) { /* replacing it failed: only sockets left */
+            struct pollfd pf = {.fd = r->wake_fd, .events = POLLIN};
+            (void)poll(&pf, 1, 10);
+            if (reap_dead(r))
+                continue;
+            pthread_mutex_lock(&r->mu);
+            int stop = r->stop && !r->dead;
+            pthread_mutex_unlock(&r->mu);
+            if (stop)
+                break;
+            continue;
+        }
         /* A caller driving the worker makes progress for everyone: stay off
          * the CPU meanwhile (two busy threads per client would crowd out the
          * server on a small host). */
@@ -873,37 +1110,23 @@ static void *progress_main(void *arg)
         while (!driven && ucp_worker_progress(r->worker))
             did = 1;
         uint64_t now = kvp__now_ns();
+        if (did)
+            atomic_store(&r->progressed_ns, now);
+        if (reap_dead(r))
+            continue;
         pthread_mutex_lock(&r->mu);
-        dead_t *d = NULL, **dp = &r->dead;
-        while (*dp && (*dp)->senders > 0)
-            dp = &(*dp)->next;
-        if (*dp) { /* a lost connection nobody sends on any more */
-            d = *dp;
-            *dp = d->next;
-        }
-        int waiting = r->dead != NULL; /* others: senders still inside post() */
-        int stop = r->stop && r->npending == 0 && !d && !waiting;
+        int req = r->replace_req;
+        r->replace_req = 0;
         pthread_mutex_unlock(&r->mu);
-        if (d) {
-            /* Endpoint first, socket second: when the server sees the socket
-             * close, this side no longer reads or writes its memory. */
-            if (d->ep && d->graceful)
-                (void)kvp__ucx_ep_close_flush(r->worker, d->ep, 2000);
-            else if (d->ep)
-                kvp__ucx_ep_close_force(r->worker, d->ep);
-            if (d->fd >= 0) {
-                epoll_ctl(r->epfd, EPOLL_CTL_DEL, d->fd, NULL);
-                /* No lane reader is using the socket when it closes. */
-                pthread_mutex_lock(&r->tx_mu);
-                pthread_mutex_lock(&r->rx_mu);
-                close(d->fd);
-                pthread_mutex_unlock(&r->rx_mu);
-                pthread_mutex_unlock(&r->tx_mu);
-            }
-            fail_generation(r, d->gen);
-            kvp__free(d, sizeof *d);
+        if (req) {
+            kvp_info("remote: replacing the UCX worker (test request)");
+            replace_worker(r, 0);
             continue;
         }
+        pthread_mutex_lock(&r->mu);
+        int waiting = r->dead != NULL; /* senders still inside post() */
+        int stop = r->stop && r->npending == 0 && !waiting;
+        pthread_mutex_unlock(&r->mu);
         if (stop)
             break;
         if (now - last_check > 10000000ull) {
@@ -926,10 +1149,23 @@ static void *progress_main(void *arg)
         /* Not armable while it has events: poll the sockets and come back
          * (see the server's loop: a dead peer's transport can keep the
          * worker "busy" with nothing to progress). */
-        if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY)
+        if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY) {
+            /* stuck: un-armable, and no thread (callers drive it too) has
+             * made progress for 1 s */
+            if (did || !busy_since) {
+                busy_since = did ? 0 : now;
+            } else if (now - busy_since > 1000000000ull &&
+                       now - atomic_load(&r->progressed_ns) > 1000000000ull) {
+                replace_worker(r, 1);
+                busy_since = 0;
+                busy = 0;
+                continue;
+            }
             timeout = did || ++busy < 1000 ? 0 : 1;
-        else
+        } else {
             busy = 0;
+            busy_since = 0;
+        }
         struct epoll_event evs[4];
         int n = epoll_wait(r->epfd, evs, 4, timeout);
         for (int i = 0; i < n; i++) {
@@ -1036,7 +1272,10 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
         prm.flags = UCP_AM_SEND_FLAG_RNDV;
     }
+    /* ep is open (senders) and its worker stays (wlock) until this is done */
+    int wl = wlock_rd(&r->wlock);
     ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, hdr, hlen, data, count, &prm);
+    wunlock(&r->wlock, wl);
     pthread_mutex_lock(&r->mu);
     do_sent(r, gen);
     pthread_mutex_unlock(&r->mu);
@@ -1070,8 +1309,15 @@ static kvp_status_t connect_locked(remote_t *r)
     int lane = r->use_lane;
     ucp_address_t *my = NULL;
     size_t my_len = 0;
-    if (!lane && ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)
-        return KVP_ERR_IO;
+    /* The worker may not be replaced while this connects on it. */
+    int wl = wlock_rd(&r->wlock);
+    pthread_mutex_lock(&r->mu);
+    int replacing = r->replacing;
+    pthread_mutex_unlock(&r->mu);
+    if (replacing || (!lane && ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)) {
+        wunlock(&r->wlock, wl);
+        return replacing ? KVP_ERR_CONN_LOST : KVP_ERR_IO;
+    }
     int fd = -1;
     uint64_t key = 0;
     void *srv = NULL;
@@ -1080,8 +1326,10 @@ static kvp_status_t connect_locked(remote_t *r)
                                      &fd, &key, &srv, &srv_len);
     if (my)
         ucp_worker_release_address(r->worker, my);
-    if (st != KVP_OK)
+    if (st != KVP_OK) {
+        wunlock(&r->wlock, wl);
         return st;
+    }
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
@@ -1093,6 +1341,7 @@ static kvp_status_t connect_locked(remote_t *r)
     ucs_status_t us = lane ? UCS_OK : ucp_ep_create(r->worker, &ep, &h);
     kvp__free(srv, srv_len);
     if (us != UCS_OK) {
+        wunlock(&r->wlock, wl);
         kvp_error("remote: UCX endpoint to %s:%u: %s", r->host, r->port, ucs_status_string(us));
         close(fd);
         return KVP_ERR_CONN_REFUSED;
@@ -1104,6 +1353,7 @@ static kvp_status_t connect_locked(remote_t *r)
     atomic_store(&r->lane, lane);
     r->connected = 1;
     pthread_mutex_unlock(&r->mu);
+    wunlock(&r->wlock, wl); /* (the replacer retires this connection if it waited) */
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
     epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev);
     wake(r);
@@ -1161,12 +1411,27 @@ static kvp_status_t ensure_connected(remote_t *r)
         return KVP_OK;
     pthread_mutex_lock(&r->conn_mu);
     pthread_mutex_lock(&r->mu);
+    /* A worker being replaced is back within a few seconds: wait for it
+     * (within the call timeout) rather than fail. */
+    uint64_t until = kvp__now_ns() + (uint64_t)r->timeout_ms * 1000000ull;
+    /* (not from inside the worker's progress: the replacement waits for that) */
+    while (r->replacing && !r->stop && t_wlock_held != &r->wlock && kvp__now_ns() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
     ok = r->connected;
     uint64_t retry = r->next_retry_ns;
+    int replacing = r->replacing;
     pthread_mutex_unlock(&r->mu);
     kvp_status_t st = KVP_OK;
     if (!ok) {
-        if (kvp__now_ns() < retry) {
+        if (kvp__now_ns() < retry || replacing) {
             st = KVP_ERR_CONN_LOST;
         } else {
             st = connect_locked(r);
@@ -1403,6 +1668,7 @@ static void remote_close(void *impl)
     pthread_mutex_destroy(&r->conn_mu);
     pthread_mutex_destroy(&r->tx_mu);
     pthread_mutex_destroy(&r->rx_mu);
+    pthread_rwlock_destroy(&r->wlock);
     pthread_cond_destroy(&r->cv);
     kvp__free(r->rx_buf, r->rx_cap);
     kvp__free(r->rx_sink, LANE_SINK);
@@ -1517,6 +1783,11 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     pthread_mutex_init(&r->conn_mu, NULL);
     pthread_mutex_init(&r->tx_mu, NULL);
     pthread_mutex_init(&r->rx_mu, NULL);
+    pthread_rwlockattr_t wa;
+    pthread_rwlockattr_init(&wa);
+    pthread_rwlockattr_setkind_np(&wa, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&r->wlock, &wa);
+    pthread_rwlockattr_destroy(&wa);
     pthread_cond_init(&r->cv, NULL);
     r->transport = transport;
     r->rx_gen = -1;
@@ -1530,21 +1801,9 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     if (st != KVP_OK)
         goto err;
     r->use_lane = transport == TRANSPORT_TCP || (transport == TRANSPORT_AUTO && lane_by_default(r));
-    int wfd = -1;
-    ucp_worker_get_efd(r->worker, &wfd);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = wfd};
-    epoll_ctl(r->epfd, EPOLL_CTL_ADD, wfd, &ev);
-    ev.data.fd = r->wake_fd;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = r->wake_fd};
     epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->wake_fd, &ev);
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = KVP_AM_REPLY,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_reply,
-        .arg = r,
-    };
-    if (ucp_worker_set_am_recv_handler(r->worker, &hp) != UCS_OK) {
+    if (worker_setup(r) != KVP_OK) {
         st = KVP_ERR_IO;
         kvp__ucx_close(r->ctx, r->worker);
         goto err;
@@ -1642,7 +1901,11 @@ static void remote_drive(void *impl, _Atomic int *done, uint64_t until_ns)
                 pthread_mutex_unlock(&r->rx_mu);
             }
         } else {
-            did = (int)ucp_worker_progress(r->worker);
+            int wl = wlock_rd(&r->wlock);
+            did = r->worker ? (int)ucp_worker_progress(r->worker) : 0;
+            wunlock(&r->wlock, wl);
+            if (did)
+                atomic_store(&r->progressed_ns, kvp__now_ns());
         }
         if (did) {
             last_work = kvp__now_ns();
@@ -1664,7 +1927,23 @@ static void remote_drive(void *impl, _Atomic int *done, uint64_t until_ns)
         wake(r);
 }
 
+static kvp_status_t remote_test_recover(void *impl)
+{
+    remote_t *r = impl;
+    pthread_mutex_lock(&r->mu);
+    int want = r->replaced + 1;
+    r->replace_req = 1;
+    pthread_mutex_unlock(&r->mu);
+    wake(r);
+    pthread_mutex_lock(&r->mu);
+    while (r->replaced < want)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    return KVP_OK;
+}
+
 const kvp__backend_ops_t kvp__remote_backend = {
+    .test_recover = remote_test_recover,
     .drive = remote_drive,
     .reg = remote_reg,
     .dereg = remote_dereg,

@@ -19,6 +19,7 @@
 
 #include "common/clock.h"
 #include "common/mp.h"
+#include "client/backend.h"
 #include "net/handshake.h"
 #include "net/lane.h"
 #include "net/ucx.h"
@@ -641,6 +642,44 @@ TEST(test_server_clients_killed_at_random_under_load)
     ASSERT_OK(pst);
     ASSERT_EQ(check_pattern(p, "after-the-kills", 4096, 9), 1);
     fprintf(stderr, "  %d clients killed; %llu objects live\n", kills, (unsigned long long)st.live);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+/* The client replaces its UCX worker (as it does by itself when the worker
+ * is stuck behind a reply its dead server never finished) while 8 threads
+ * share the connection: calls in flight may fail with CONN_LOST, nothing
+ * read is ever wrong, and calls succeed again right after. */
+TEST(test_server_client_worker_replaced_under_load)
+{
+    server_t s = {0};
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri);
+    enum { T = 8 };
+    _Atomic int stop = 0, bad = 0;
+    _Atomic uint64_t ok_ops = 0;
+    pthread_t t[T];
+    churn_arg_t a[T];
+    for (int i = 0; i < T; i++) {
+        a[i] = (churn_arg_t){p, i, &stop, &bad, &ok_ops};
+        pthread_create(&t[i], NULL, churn_thread, &a[i]);
+    }
+    for (int round = 0; round < 3; round++) {
+        sleep_ms(300);
+        ASSERT_OK(kvp__pool_test_recover(p));
+    }
+    uint64_t before = atomic_load(&ok_ops);
+    for (int i = 0; i < 300 && atomic_load(&ok_ops) < before + 50; i++)
+        sleep_ms(10);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < T; i++)
+        pthread_join(t[i], NULL);
+    ASSERT_EQ(atomic_load(&bad), 0);
+    ASSERT_MSG(atomic_load(&ok_ops) >= before + 50, "calls did not resume after the replacements");
+    kvp_status_t st;
+    put_pattern(p, "after-replace", 100000, 4, &st);
+    ASSERT_OK(st);
+    ASSERT_EQ(check_pattern(p, "after-replace", 100000, 4), 1);
     kvp_pool_close(p);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
@@ -1283,6 +1322,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_metrics_prometheus_text), T(test_server_lane_unread_replies_backpressure),
           T(test_server_shared_connection_server_churn), T(test_server_lane_shared_connection_server_churn),
           T(test_server_clients_killed_at_random_under_load), T(test_server_worker_replaced_clients_reconnect),
+          T(test_server_client_worker_replaced_under_load),
           T(test_server_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_64_connections_mixed_load_verified), T(test_server_token_required),
           T(test_server_falls_back_when_ucx_tls_unusable), T(test_server_ucx_tls_tcp),
