@@ -865,9 +865,10 @@ static void lane_post(remote_t *r, pending_t *p, int fd, const void *data, size_
 
 /* ---- connection teardown and deadlines (progress thread) ---- */
 
-/* Fails every request of generation `gen` whose reply has not come (the
- * forced close has completed their sends). */
-static void fail_generation(remote_t *r, int gen)
+/* Fails requests (progress thread): those of generation gen whose reply has
+ * not come (the forced close has completed their sends), or, with stranded,
+ * those still waiting for a receive their (destroyed) worker never ends. */
+static void fail_requests(remote_t *r, int gen, int stranded)
 {
     opctx_t *done[64];
     int again = 1;
@@ -878,10 +879,14 @@ static void fail_generation(remote_t *r, int gen)
         for (int b = 0; b < NBUCKETS && !again; b++) {
             for (pending_t *p = r->bucket[b], *next; p; p = next) {
                 next = p->next;
-                if (p->gen != gen || p->finished)
+                if (p->finished || (stranded ? !p->recv_active : p->gen != gen))
                     continue;
                 p->send_done = 1;
-                if (p->recv_active) {
+                if (stranded) {
+                    kvp_warn("remote: request %llu: its values never arrived", (unsigned long long)p->req_id);
+                    p->recv_active = 0;
+                    r->recv_active--;
+                } else if (p->recv_active) {
                     /* its receive ends it (with this status) */
                     if (p->status == KVP_OK)
                         p->status = p->timed_out ? KVP_ERR_TIMEOUT : KVP_ERR_CONN_LOST;
@@ -903,6 +908,8 @@ static void fail_generation(remote_t *r, int gen)
             fire(done[i]);
     }
 }
+
+static void fail_generation(remote_t *r, int gen) { fail_requests(r, gen, 0); }
 
 static void check_deadlines(remote_t *r)
 {
@@ -984,40 +991,6 @@ static kvp_status_t worker_setup(remote_t *r)
     return KVP_OK;
 }
 
-/* After its worker is gone: requests still waiting for their receive to
- * end (it never will) fail now. */
-static void fail_stranded_receives(remote_t *r)
-{
-    opctx_t *done[64];
-    int again = 1;
-    while (again) {
-        int nd = 0;
-        again = 0;
-        pthread_mutex_lock(&r->mu);
-        for (int b = 0; b < NBUCKETS && !again; b++)
-            for (pending_t *p = r->bucket[b], *next; p; p = next) {
-                next = p->next;
-                if (!p->recv_active || p->finished)
-                    continue;
-                kvp_warn("remote: request %llu: its values never arrived", (unsigned long long)p->req_id);
-                p->recv_active = 0;
-                r->recv_active--;
-                do_fail_reply(p, KVP_ERR_CONN_LOST);
-                p->send_done = 1;
-                opctx_t *f = do_maybe_done(r, p);
-                if (f) {
-                    done[nd++] = f;
-                    if (nd == 64) {
-                        again = 1;
-                        break;
-                    }
-                }
-            }
-        pthread_mutex_unlock(&r->mu);
-        for (int i = 0; i < nd; i++)
-            fire(done[i]);
-    }
-}
 
 /* The worker has had events for a while that its progress cannot take: a
  * server killed in the middle of writing a reply into this process's
@@ -1071,7 +1044,7 @@ static void replace_worker(remote_t *r, int stuck)
     epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->wfd, NULL);
     ucp_worker_destroy(r->worker); /* no receive of it can write any more */
     r->worker = NULL;
-    fail_stranded_receives(r);
+    fail_requests(r, 0, 1); /* receives it never ended */
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_MULTI};
     if (ucp_worker_create(r->ctx, &wp, &r->worker) != UCS_OK || worker_setup(r) != KVP_OK)

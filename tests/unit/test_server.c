@@ -521,6 +521,32 @@ static void *churn_thread(void *arg)
     return NULL;
 }
 
+typedef struct {
+    _Atomic int stop, bad;
+    _Atomic uint64_t ok_ops;
+    pthread_t t[8];
+    churn_arg_t a[8];
+} churn_t;
+
+/* 8 threads calling through p until churn_stop(). */
+static void churn_start(churn_t *c, kvp_pool_t *p)
+{
+    atomic_store(&c->stop, 0);
+    atomic_store(&c->bad, 0);
+    atomic_store(&c->ok_ops, 0);
+    for (int i = 0; i < 8; i++) {
+        c->a[i] = (churn_arg_t){p, i, &c->stop, &c->bad, &c->ok_ops};
+        pthread_create(&c->t[i], NULL, churn_thread, &c->a[i]);
+    }
+}
+
+static void churn_stop(churn_t *c)
+{
+    atomic_store(&c->stop, 1);
+    for (int i = 0; i < 8; i++)
+        pthread_join(c->t[i], NULL);
+}
+
 static void shared_connection_server_churn(int lane)
 {
     server_t s = {0};
@@ -529,15 +555,8 @@ static void shared_connection_server_churn(int lane)
     char uri[sizeof s.uri + 64];
     snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?timeout=2s%s", port, lane ? "&transport=tcp" : "");
     kvp_pool_t *p = open_ok(uri);
-    enum { T = 8 };
-    _Atomic int stop = 0, bad = 0;
-    _Atomic uint64_t ok_ops = 0;
-    pthread_t t[T];
-    churn_arg_t a[T];
-    for (int i = 0; i < T; i++) {
-        a[i] = (churn_arg_t){p, i, &stop, &bad, &ok_ops};
-        pthread_create(&t[i], NULL, churn_thread, &a[i]);
-    }
+    static churn_t c;
+    churn_start(&c, p);
     for (int round = 0; round < 2; round++) {
         sleep_ms(400);
         server_stop(&s, SIGKILL);
@@ -545,14 +564,12 @@ static void shared_connection_server_churn(int lane)
         server_start(&s, "64MiB", port, NULL);
     }
     sleep_ms(400);
-    uint64_t before = atomic_load(&ok_ops);
-    for (int i = 0; i < 300 && atomic_load(&ok_ops) == before; i++) /* working again */
+    uint64_t before = atomic_load(&c.ok_ops);
+    for (int i = 0; i < 300 && atomic_load(&c.ok_ops) == before; i++) /* working again */
         sleep_ms(10);
-    atomic_store(&stop, 1);
-    for (int i = 0; i < T; i++)
-        pthread_join(t[i], NULL);
-    ASSERT_EQ(atomic_load(&bad), 0);
-    ASSERT_MSG(atomic_load(&ok_ops) > before, "no successful call after the last restart");
+    churn_stop(&c);
+    ASSERT_EQ(atomic_load(&c.bad), 0);
+    ASSERT_MSG(atomic_load(&c.ok_ops) > before, "no successful call after the last restart");
     kvp_pool_close(p);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
@@ -655,27 +672,18 @@ TEST(test_server_client_worker_replaced_under_load)
     server_t s = {0};
     server_start(&s, "64MiB", 0, NULL);
     kvp_pool_t *p = open_ok(s.uri);
-    enum { T = 8 };
-    _Atomic int stop = 0, bad = 0;
-    _Atomic uint64_t ok_ops = 0;
-    pthread_t t[T];
-    churn_arg_t a[T];
-    for (int i = 0; i < T; i++) {
-        a[i] = (churn_arg_t){p, i, &stop, &bad, &ok_ops};
-        pthread_create(&t[i], NULL, churn_thread, &a[i]);
-    }
+    static churn_t c;
+    churn_start(&c, p);
     for (int round = 0; round < 3; round++) {
         sleep_ms(300);
         ASSERT_OK(kvp__pool_test_recover(p));
     }
-    uint64_t before = atomic_load(&ok_ops);
-    for (int i = 0; i < 300 && atomic_load(&ok_ops) < before + 50; i++)
+    uint64_t before = atomic_load(&c.ok_ops);
+    for (int i = 0; i < 300 && atomic_load(&c.ok_ops) < before + 50; i++)
         sleep_ms(10);
-    atomic_store(&stop, 1);
-    for (int i = 0; i < T; i++)
-        pthread_join(t[i], NULL);
-    ASSERT_EQ(atomic_load(&bad), 0);
-    ASSERT_MSG(atomic_load(&ok_ops) >= before + 50, "calls did not resume after the replacements");
+    churn_stop(&c);
+    ASSERT_EQ(atomic_load(&c.bad), 0);
+    ASSERT_MSG(atomic_load(&c.ok_ops) >= before + 50, "calls did not resume after the replacements");
     kvp_status_t st;
     put_pattern(p, "after-replace", 100000, 4, &st);
     ASSERT_OK(st);
