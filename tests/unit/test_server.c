@@ -121,6 +121,19 @@ static void server_postmortem(server_t *s, int st, int sig)
     (void)!system(cmd);
 }
 
+/* Removes the server's directory (port file, log, token). */
+static void server_dir_remove(server_t *s)
+{
+    const char *files[] = {"port", "port.tmp", "server.log", "token"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char f[160];
+        snprintf(f, sizeof f, "%s/%s", s->dir, files[i]);
+        unlink(f);
+    }
+    rmdir(s->dir);
+    s->dir[0] = 0;
+}
+
 static int server_stop(server_t *s, int sig)
 {
     int st = 0;
@@ -129,6 +142,10 @@ static int server_stop(server_t *s, int sig)
         waitpid(s->pid, &st, 0);
         server_postmortem(s, st, sig);
         s->pid = 0;
+        /* An expected end: the log is not needed any more (an unexpected
+         * one keeps the directory for the post-mortem). */
+        if ((WIFSIGNALED(st) && WTERMSIG(st) == sig) || (WIFEXITED(st) && WEXITSTATUS(st) == 0))
+            server_dir_remove(s);
     }
     return st;
 }
@@ -1310,6 +1327,7 @@ static void sigterm_drain(int lane)
     waitpid(s.pid, &wst, 0);
     s.pid = 0;
     ASSERT(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    server_dir_remove(&s);
     if (in_flight)
         ASSERT_MSG(a.st == KVP_OK, "the put in flight at SIGTERM ended with %s", kvp_status_name(a.st));
     else
