@@ -386,6 +386,11 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
     kvp__mpr_t *b = &rep->body;
     kvp_op_t *op = p->op;
     uint32_t off = p->off, cnt = p->cnt;
+    /* Only a get's reply carries values: anything else with data is a
+     * server breaking the protocol (on the TCP transport those bytes would
+     * otherwise land in the op's put sources). */
+    if (data_len && (p->wop != KVP_WOP_GET || rep->status != KVP_OK))
+        return KVP_ERR_PROTOCOL;
     if (rep->status != KVP_OK)
         return rep->status;
     switch (p->wop) {
