@@ -12,12 +12,14 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvpool server --listen HOST:PORT --memory SIZE [--metrics-port P]\n"
                "                     [--token-file F] [--put-timeout DURATION] [--log-level L]\n"
-               "                     [--port-file F]\n"
+               "                     [--port-file F] [--no-prefault] [--no-local-reads]\n"
                "  --listen       IPv4 address and port (port 0 = any free port, see --port-file)\n"
                "  --memory       arena size, e.g. 4GiB\n"
                "  --token-file   clients must present this file's first line as token\n"
                "  --put-timeout  reclaim put reservations not committed within this (default 30s)\n"
                "  --no-prefault  do not fault the arena in at start (it is by default)\n"
+               "  --no-local-reads  keep the arena private: clients on this host then get values\n"
+               "                 over UCX instead of copying them out of the mapped arena\n"
                "  --log-level    error|warn|info|debug (default info)\n"
                "SIGTERM or SIGINT: finish the requests in flight, refuse new ones, exit 0.\n"
                "SIGUSR2: replace the UCX worker (its clients reconnect); the server does this by\n"
@@ -61,6 +63,10 @@ int kvp_cmd_server(int argc, char **argv)
         }
         if (!strcmp(a, "--no-prefault")) {
             p.no_prefault = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-local-reads")) {
+            p.no_local_reads = 1;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;

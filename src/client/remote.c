@@ -3,7 +3,16 @@
  * or kvpool's own TCP transport (net/lane.h).
  *
  * Options: timeout (default call timeout, e.g. 5s), token_file (the shared
- * secret's file; or env KVPOOL_TOKEN), transport (auto, ucx, tcp).
+ * secret's file; or env KVPOOL_TOKEN), transport (auto, ucx, tcp),
+ * local_reads (auto, off).
+ *
+ * Local reads (client/local_read.h).  Over UCX to a server on this host
+ * whose arena this process can map, a get of at least LOCAL_MIN bytes of
+ * capacity goes as GET_LOCAL: the reply names each value's offset in the
+ * arena, the values are copied out of the mapping (the copy split over two
+ * cores), then a RELEASE ends the server's leases.  The copy holds the
+ * connection like a sender does, so its socket (whose close would end the
+ * leases) stays open until the copy is done.
  *
  * TCP transport.  Requests are written whole, one thread at a time (tx_mu),
  * a put's values straight from the caller's buffers; replies are read by
@@ -49,6 +58,7 @@
 #include <unistd.h>
 
 #include "client/backend.h"
+#include "client/local_read.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -94,6 +104,14 @@ typedef struct pending {
     /* internal ops */
     kvp_pool_stats_t *stats_out;
     uint64_t hello_max_value;
+    kvp__arena_info_t hello_arena;
+    int hello_has_arena;
+    /* GET_LOCAL */
+    kvp__lmap_t *lmap;            /* the mapping its offsets are in (a reference) */
+    kvp__cpseg_t *segs;           /* what to copy */
+    uint32_t nsegs, segs_cap;
+    int release;                  /* the server leased something: RELEASE it */
+    int copying;                  /* its values are being copied: only that copy's end finishes it */
     int finished;
 } pending_t;
 
@@ -157,12 +175,23 @@ typedef struct remote {
     size_t rx_off;
     char *rx_sink;
     uint64_t max_value;
+    /* local reads */
+    int local_reads;               /* URI option: 1 auto, 0 off */
+    kvp__lmap_t *lmap;             /* the server's arena mapped (under mu) */
+    int lmap_gen;                  /* the connection it belongs to */
+    uint32_t local_inflight;       /* GET_LOCAL requests not finished */
 } remote_t;
 
 enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
 #define LANE_RX_START 4096u
 #define LANE_SINK 65536u
 #define LANE_IOV_MAX 64
+/* A get with less capacity than this goes over UCX even when local reads
+ * are possible (the RELEASE message costs more than the copy saves). */
+#define LOCAL_MIN (64u * 1024u)
+/* GET_LOCAL requests one connection keeps in flight at most (the server
+ * refuses more than 4096 unreleased ones); beyond it gets go over UCX. */
+#define LOCAL_INFLIGHT_MAX 1024u
 
 /* A lost connection, closed by the progress thread once no thread is still
  * sending on it (its endpoint or socket must outlive every send begun on
@@ -252,6 +281,8 @@ static void do_remove(remote_t *r, pending_t *p)
 
 static void pending_free(pending_t *p)
 {
+    kvp__lmap_put(p->lmap);
+    kvp__free(p->segs, p->segs_cap * sizeof *p->segs);
     kvp__mpw_free(&p->w);
     kvp__mpw_free(&p->w2);
     kvp__free(p->iov, p->niov * sizeof *p->iov);
@@ -267,6 +298,8 @@ static opctx_t *do_maybe_done(remote_t *r, pending_t *p)
         return NULL;
     p->finished = 1;
     do_remove(r, p);
+    if (p->wop == KVP_WOP_GET_LOCAL)
+        r->local_inflight--;
     opctx_t *oc = p->parent;
     if (!oc) {
         pthread_cond_broadcast(&r->cv);
@@ -379,6 +412,80 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
 }
 
 
+/* GET_LOCAL's fields: n [status, size, offset].  Builds p->segs, the
+ * copies from the mapped arena into the caller's buffers, after checking
+ * every range against the mapping and the buffers. */
+static kvp_status_t do_parse_local(pending_t *p, kvp__mpr_t *b)
+{
+    kvp_op_t *op = p->op;
+    uint32_t n = kvp__mpr_array(b, KVP_BATCH_MAX);
+    if (b->err || n != p->cnt || !p->lmap)
+        return KVP_ERR_PROTOCOL;
+    kvp_key_result_t *results = op->results + p->off;
+    const kvp_sgl_t *values = op->values + p->off;
+    uint64_t *offs = kvp__malloc((n ? n : 1) * sizeof *offs);
+    if (!offs)
+        return KVP_ERR_NO_MEMORY;
+    kvp_status_t st = KVP_OK;
+    uint32_t ns = 0;
+    for (uint32_t i = 0; i < n && st == KVP_OK; i++) {
+        if (kvp__mpr_array(b, 3) != 3) {
+            st = KVP_ERR_PROTOCOL;
+            break;
+        }
+        int64_t ks = kvp__mpr_int(b);
+        uint64_t size = kvp__mpr_uint(b), off = kvp__mpr_uint(b);
+        if (b->err || ks > 0 || ks < -1000) {
+            st = KVP_ERR_PROTOCOL;
+            break;
+        }
+        results[i].status = (kvp_status_t)ks;
+        results[i].size = size;
+        results[i].flags = 0;
+        offs[i] = off;
+        if (ks != KVP_OK)
+            continue;
+        p->release = 1;
+        uint64_t cap = 0;
+        for (uint32_t j = 0; j < values[i].iovcnt; j++) {
+            cap += values[i].iov[j].len;
+            ns += values[i].iov[j].len != 0;
+        }
+        if (size > cap || off > kvp__lmap_size(p->lmap) || size > kvp__lmap_size(p->lmap) - off)
+            st = KVP_ERR_PROTOCOL;
+    }
+    if (st == KVP_OK && b->err)
+        st = KVP_ERR_PROTOCOL;
+    if (st == KVP_OK && ns) {
+        kvp__free(p->segs, p->segs_cap * sizeof *p->segs);
+        p->segs_cap = 0;
+        p->segs = kvp__calloc(ns, sizeof *p->segs);
+        if (!p->segs)
+            st = KVP_ERR_NO_MEMORY;
+    }
+    if (st == KVP_OK && ns) {
+        const uint8_t *base = kvp__lmap_base(p->lmap);
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (results[i].status != KVP_OK)
+                continue;
+            uint64_t left = results[i].size, off = offs[i];
+            for (uint32_t j = 0; j < values[i].iovcnt && left; j++) {
+                size_t len = values[i].iov[j].len < left ? values[i].iov[j].len : (size_t)left;
+                if (!len)
+                    continue;
+                p->segs[k++] = (kvp__cpseg_t){values[i].iov[j].base, base + off, len};
+                off += len;
+                left -= len;
+            }
+        }
+        p->segs_cap = ns;
+        p->nsegs = k;
+    }
+    kvp__free(offs, (n ? n : 1) * sizeof *offs);
+    return st;
+}
+
 /* Parses the op fields of a reply into the op (mu held).  For GET, builds
  * p->iov over the caller's buffers for the values that follow. */
 static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t data_len)
@@ -398,6 +505,19 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
         (void)kvp__mpr_uint(b);
         (void)kvp__mpr_uint(b);
         p->hello_max_value = kvp__mpr_uint(b);
+        if (!b->err && b->p < b->end && !kvp__mpr_nil(b)) {
+            /* the server's arena: [pid, fd, size, dev, ino, populated] */
+            if (kvp__mpr_array(b, 16) < 6)
+                return KVP_ERR_PROTOCOL;
+            kvp__arena_info_t *a = &p->hello_arena;
+            a->pid = kvp__mpr_uint(b);
+            a->fd = kvp__mpr_uint(b);
+            a->size = kvp__mpr_uint(b);
+            a->dev = kvp__mpr_uint(b);
+            a->ino = kvp__mpr_uint(b);
+            a->populated = kvp__mpr_uint(b) != 0;
+            p->hello_has_arena = !b->err;
+        }
         break;
     case KVP_WOP_STATS: {
         uint32_t n = kvp__mpr_array(b, 64);
@@ -498,6 +618,8 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
             p->iov[0].length = 0;
         break;
     }
+    case KVP_WOP_GET_LOCAL:
+        return do_parse_local(p, b);
     default:
         return KVP_ERR_PROTOCOL;
     }
@@ -524,6 +646,40 @@ static pending_t *match_reply(remote_t *r, const void *hdr, size_t len, kvp__wir
     return p;
 }
 
+static int do_hold(remote_t *r, int gen);
+static void do_sent(remote_t *r, int gen);
+static void post_release(remote_t *r, int gen, uint64_t req_id);
+
+/* A GET_LOCAL's reply is parsed (mu held; unlocks): copies the values out
+ * of the mapped arena, releases the leases, finishes p. */
+static void local_finish(remote_t *r, pending_t *p, kvp_status_t st)
+{
+    int gen = p->gen;
+    uint64_t id = p->req_id;
+    /* The copy holds the connection: its socket, whose close would end the
+     * server's leases, stays open until the copy is done. */
+    int copy = st == KVP_OK && p->nsegs > 0;
+    int held = copy && do_hold(r, gen);
+    if (copy && !held)
+        st = KVP_ERR_CONN_LOST; /* already closed: the bytes may have been reused */
+    int release = p->release;
+    p->copying = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (held)
+        kvp__pcopy(p->segs, p->nsegs);
+    if (release)
+        post_release(r, gen, id);
+    pthread_mutex_lock(&r->mu);
+    if (held)
+        do_sent(r, gen);
+    p->copying = 0;
+    p->status = p->timed_out ? KVP_ERR_TIMEOUT : st;
+    p->reply_done = 1;
+    opctx_t *f = do_maybe_done(r, p);
+    pthread_mutex_unlock(&r->mu);
+    fire(f);
+}
+
 static ucs_status_t on_reply(void *arg, const void *header, size_t header_length, void *data,
                              size_t length, const ucp_am_recv_param_t *param)
 {
@@ -533,6 +689,10 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
     if (!p)
         return UCS_OK;
     kvp_status_t st = do_parse_reply(p, &rep, length);
+    if (p->wop == KVP_WOP_GET_LOCAL) {
+        local_finish(r, p, st);
+        return UCS_OK;
+    }
     opctx_t *f = NULL;
     int rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if (st != KVP_OK || p->wop != KVP_WOP_GET || length == 0 || !rndv) {
@@ -620,6 +780,24 @@ static void do_disconnect(remote_t *r, const char *why)
         return;
     kvp_warn("remote: connection to %s:%u lost (%s)", r->host, r->port, why);
     do_retire(r, 0);
+}
+
+/* A thread starts using the connection of generation gen (mu held): it
+ * stays open until do_sent.  0 if it is closed already. */
+static int do_hold(remote_t *r, int gen)
+{
+    if (gen == r->gen) {
+        if (!r->connected)
+            return 0;
+        r->senders++;
+        return 1;
+    }
+    for (dead_t *d = r->dead; d; d = d->next)
+        if (d->gen == gen) {
+            d->senders++;
+            return 1;
+        }
+    return 0;
 }
 
 /* A thread is done sending on the connection of generation gen (mu held). */
@@ -891,8 +1069,8 @@ static void fail_requests(remote_t *r, int gen, int stranded)
                     kvp_warn("remote: request %llu: its values never arrived", (unsigned long long)p->req_id);
                     p->recv_active = 0;
                     r->recv_active--;
-                } else if (p->recv_active) {
-                    /* its receive ends it (with this status) */
+                } else if (p->recv_active || p->copying) {
+                    /* its receive (or copy) ends it (with this status) */
                     if (p->status == KVP_OK)
                         p->status = p->timed_out ? KVP_ERR_TIMEOUT : KVP_ERR_CONN_LOST;
                     continue;
@@ -1213,6 +1391,16 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
     }
     ucp_ep_h ep = r->ep;
     int fd = r->tcp_fd, lane = atomic_load(&r->lane), gen = r->gen;
+    if (p->wop == KVP_WOP_GET_LOCAL) {
+        if (!r->lmap || r->lmap_gen != gen || lane) { /* reconnected meanwhile, to another arena */
+            do_cb_put(r, a);
+            pthread_mutex_unlock(&r->mu);
+            return KVP_ERR_CONN_LOST;
+        }
+        p->lmap = r->lmap;
+        kvp__lmap_ref(p->lmap);
+        r->local_inflight++;
+    }
     p->gen = gen;
     uint32_t to = p->op && p->op->timeout_ms ? p->op->timeout_ms : r->timeout_ms;
     p->deadline_ns = kvp__now_ns() + (uint64_t)to * 1000000ull;
@@ -1263,6 +1451,59 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
     return KVP_INPROGRESS;
 }
 
+/* A RELEASE in flight (its header must live until UCX is done with it). */
+typedef struct release_msg {
+    kvp__mpw_t w;
+    uint8_t buf[64];
+} release_msg_t;
+
+static void release_sent(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    release_msg_t *m = user_data;
+    kvp__mpw_free(&m->w);
+    kvp__free(m, sizeof *m);
+    if (request)
+        ucp_request_free(request);
+}
+
+/* Tells the server that GET_LOCAL req_id's values are copied (never
+ * answered).  On a connection that is gone there is nothing to tell: its
+ * leases end with its socket. */
+static void post_release(remote_t *r, int gen, uint64_t req_id)
+{
+    pthread_mutex_lock(&r->mu);
+    if (gen != r->gen || !r->connected) {
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    ucp_ep_h ep = r->ep;
+    uint64_t key = r->conn_key;
+    r->senders++;
+    pthread_mutex_unlock(&r->mu);
+    release_msg_t *m = kvp__malloc(sizeof *m);
+    if (m) {
+        kvp__mpw_init(&m->w, m->buf, sizeof m->buf);
+        kvp__wire_req_encode(&m->w, KVP_WOP_RELEASE, req_id, 0, key, NULL, 0, NULL);
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.send = release_sent,
+            .user_data = m,
+        };
+        int wl = wlock_rd(&r->wlock);
+        ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, m->w.buf, m->w.len, NULL, 0, &prm);
+        wunlock(&r->wlock, wl);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp))
+            release_sent(NULL, UCS_OK, m);
+    } else {
+        kvp_error("remote: out of memory releasing request %llu; the server keeps its values until "
+                  "the connection closes", (unsigned long long)req_id);
+    }
+    pthread_mutex_lock(&r->mu);
+    do_sent(r, gen);
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* Runs an internal op (hello, stats) to completion on the caller's thread;
  * frees p. */
 static kvp_status_t run_internal(remote_t *r, pending_t *p)
@@ -1279,6 +1520,30 @@ static kvp_status_t run_internal(remote_t *r, pending_t *p)
     st = p->status;
     pending_free(p);
     return st;
+}
+
+/* After the HELLO of connection gen: maps the server's arena when it
+ * offers it (or keeps the mapping of the last connection to the same
+ * server), so gets on gen can read locally. */
+static void local_setup(remote_t *r, int gen, const kvp__arena_info_t *ai)
+{
+    pthread_mutex_lock(&r->mu);
+    kvp__lmap_t *have = r->lmap;
+    int same = ai && have && kvp__lmap_is(have, ai);
+    pthread_mutex_unlock(&r->mu);
+    kvp__lmap_t *m = NULL;
+    if (ai && !same && kvp__lmap_get(ai, &m) != KVP_OK)
+        m = NULL;
+    pthread_mutex_lock(&r->mu);
+    kvp__lmap_t *old = NULL;
+    if (!same) {
+        old = r->lmap;
+        r->lmap = m;
+    }
+    if (r->lmap && r->gen == gen && r->connected)
+        r->lmap_gen = gen;
+    pthread_mutex_unlock(&r->mu);
+    kvp__lmap_put(old);
 }
 
 static kvp_status_t connect_locked(remote_t *r)
@@ -1330,6 +1595,7 @@ static kvp_status_t connect_locked(remote_t *r)
     r->conn_key = key;
     atomic_store(&r->lane, lane);
     r->connected = 1;
+    int my_gen = r->gen;
     pthread_mutex_unlock(&r->mu);
     wunlock(&r->wlock, wl); /* (the replacer retires this connection if it waited) */
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
@@ -1351,6 +1617,8 @@ static kvp_status_t connect_locked(remote_t *r)
         if (s == KVP_OK)
             r->max_value = p->hello_max_value;
     }
+    if (s == KVP_OK && !lane && r->local_reads)
+        local_setup(r, my_gen, p->hello_has_arena ? &p->hello_arena : NULL);
     pending_free(p);
     if (s != KVP_OK) {
         kvp_error("remote: %s:%u does not answer over %s: %s", r->host, r->port,
@@ -1456,6 +1724,16 @@ static uint64_t sgl_len(const kvp_sgl_t *v)
 static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t off, uint32_t cnt)
 {
     kvp_op_t *op = oc->op;
+    if (wop == KVP_WOP_GET && r->local_reads) {
+        uint64_t cap = 0;
+        for (uint32_t i = 0; i < cnt; i++)
+            cap += sgl_len(&op->values[off + i]);
+        pthread_mutex_lock(&r->mu);
+        if (cap >= LOCAL_MIN && r->lmap && r->lmap_gen == r->gen && r->connected &&
+            r->local_inflight < LOCAL_INFLIGHT_MAX)
+            wop = KVP_WOP_GET_LOCAL;
+        pthread_mutex_unlock(&r->mu);
+    }
     pending_t *p = pending_new(wop, oc);
     uint64_t *sizes = NULL;
     if (!p)
@@ -1466,7 +1744,7 @@ static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t 
     const void *data = NULL;
     size_t count = 0;
     int iov = 0;
-    if (wop == KVP_WOP_PUT || wop == KVP_WOP_GET) {
+    if (wop == KVP_WOP_PUT || wop == KVP_WOP_GET || wop == KVP_WOP_GET_LOCAL) {
         sizes = kvp__malloc((cnt ? cnt : 1) * sizeof *sizes);
         if (!sizes)
             goto nomem;
@@ -1650,6 +1928,7 @@ static void remote_close(void *impl)
     pthread_cond_destroy(&r->cv);
     kvp__free(r->rx_buf, r->rx_cap);
     kvp__free(r->rx_sink, LANE_SINK);
+    kvp__lmap_put(r->lmap);
     if (r->token)
         kvp__free(r->token, strlen(r->token) + 1);
     kvp__free(r, sizeof *r);
@@ -1690,10 +1969,8 @@ static int host_is_local(const char *host)
     return local;
 }
 
-/* transport=auto: kvpool's TCP transport where UCX could only reach the
- * server over tcp anyway (no RDMA transport here, and shared memory either
- * unavailable or useless because the server is on another host). */
-static int lane_by_default(remote_t *r)
+/* Which kinds of transport the client's UCX context has. */
+static void ucx_kinds(remote_t *r, int *shm_p, int *rdma_p)
 {
     char tls[512];
     snprintf(tls, sizeof tls, "%s", kvp__ucx_transports(r->ctx));
@@ -1706,6 +1983,17 @@ static int lane_by_default(remote_t *r)
         else if (!strncmp(t, "rc", 2) || !strncmp(t, "dc", 2) || !strncmp(t, "ud", 2))
             rdma = 1;
     }
+    *shm_p = shm;
+    *rdma_p = rdma;
+}
+
+/* transport=auto: kvpool's TCP transport where UCX could only reach the
+ * server over tcp anyway (no RDMA transport here, and shared memory either
+ * unavailable or useless because the server is on another host). */
+static int lane_by_default(remote_t *r)
+{
+    int shm, rdma;
+    ucx_kinds(r, &shm, &rdma);
     if (rdma)
         return 0;
     return !shm || !host_is_local(r->host);
@@ -1735,6 +2023,15 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
             transport = TRANSPORT_TCP;
         else if (strcmp(v, "auto") != 0) {
             kvp_error("remote: transport=%s: expected auto, ucx or tcp", v);
+            return KVP_ERR_BAD_OPTION;
+        }
+    }
+    int local_reads = 1;
+    if ((v = kvp__uri_opt(u, "local_reads"))) {
+        if (!strcmp(v, "off"))
+            local_reads = 0;
+        else if (strcmp(v, "auto") != 0) {
+            kvp_error("remote: local_reads=%s: expected auto or off", v);
             return KVP_ERR_BAD_OPTION;
         }
     }
@@ -1768,6 +2065,8 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     pthread_rwlockattr_destroy(&wa);
     pthread_cond_init(&r->cv, NULL);
     r->transport = transport;
+    r->local_reads = local_reads;
+    r->lmap_gen = -1;
     r->rx_gen = -1;
     r->rx_buf = kvp__malloc(LANE_RX_START);
     r->rx_cap = LANE_RX_START;
@@ -1779,6 +2078,11 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
     if (st != KVP_OK)
         goto err;
     r->use_lane = transport == TRANSPORT_TCP || (transport == TRANSPORT_AUTO && lane_by_default(r));
+    /* Local reads are shared memory: not where UCX was told to keep off it
+     * (UCX_TLS=tcp means the bytes should cross TCP). */
+    int shm, rdma;
+    ucx_kinds(r, &shm, &rdma);
+    r->local_reads = r->local_reads && shm;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = r->wake_fd};
     epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->wake_fd, &ev);
     if (worker_setup(r) != KVP_OK) {

@@ -7,7 +7,7 @@
 static int op_has_keys(uint64_t op)
 {
     return op != KVP_WOP_IN_DATA && op != KVP_WOP_HELLO && op != KVP_WOP_REMOVE_ALL &&
-           op != KVP_WOP_STATS;
+           op != KVP_WOP_STATS && op != KVP_WOP_RELEASE;
 }
 
 void kvp__wire_req_encode(kvp__mpw_t *w, uint32_t op, uint64_t req_id, uint32_t timeout_ms,
@@ -63,7 +63,7 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
     req->op = (uint32_t)op;
     req->timeout_ms = (uint32_t)to;
     int has_keys = op_has_keys(op);
-    int has_sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET;
+    int has_sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET || op == KVP_WOP_GET_LOCAL;
     if (nf != 5u + (uint32_t)has_keys + (uint32_t)has_sizes)
         goto bad;
     if (has_keys) {

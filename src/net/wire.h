@@ -55,7 +55,9 @@ typedef enum kvp_wire_op {
     KVP_WOP_UNPIN = 8,
     KVP_WOP_REMOVE_ALL = 9,
     KVP_WOP_STATS = 10,
-    KVP_WOP_MAX = 10
+    KVP_WOP_GET_LOCAL = 11, /* a get whose values the client copies out of the mapped arena */
+    KVP_WOP_RELEASE = 12,   /* ends a GET_LOCAL's leases; never answered */
+    KVP_WOP_MAX = 12
 } kvp_wire_op_t;
 
 /* A decoded request.  keys[] and sizes[] point into caller arrays; key bytes
@@ -66,7 +68,7 @@ typedef struct kvp__wire_req {
     uint32_t timeout_ms;
     uint32_t nkeys;
     kvp_key_t *keys;
-    uint64_t *sizes;        /* PUT: value sizes; GET: destination capacities */
+    uint64_t *sizes;        /* PUT: value sizes; GET, GET_LOCAL: destination capacities */
     uint64_t payload;       /* PUT: sum of sizes */
     uint64_t conn_key;
 } kvp__wire_req_t;
@@ -83,11 +85,19 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
 
 /* Reply header, first part: [version, op, req_id, status, ...]; the caller
  * appends the op's fields:
- *   HELLO:      [protocol, max_batch, max_value]
+ *   HELLO:      [protocol, max_batch, max_value, arena]
+ *               arena: [pid, fd, size, dev, ino, populated] of the server's
+ *               arena memfd (a client on the same host may map it, read
+ *               only, for GET_LOCAL), or nil
  *   (a request that could not be decoded is answered with op 0, req_id 0)
  *   EXISTS:     bin of n bytes (0/1)
  *   PREFIX:     uint m
  *   PUT/REMOVE/PIN/UNPIN, GET: array of n [status(int), flags_or_size(uint)]
+ *   GET_LOCAL:  array of n [status(int), size(uint), offset(uint)]: each found
+ *               value lies at offset in the arena, leased until the client
+ *               sends RELEASE with the GET_LOCAL's req_id (or its connection
+ *               closes)
+ *   RELEASE:    none (no reply is sent)
  *   REMOVE_ALL: uint removed
  *   STATS:      array of KVP_WIRE_NSTATS uints (kvp_pool_stats_t field order)
  * An error status carries no op fields. */

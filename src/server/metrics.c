@@ -16,6 +16,7 @@ struct kvp__metrics {
 
 static const char *const g_op_names[KVP_WOP_MAX + 1] = {
     "invalid", "hello", "exists", "prefix", "put", "get", "remove", "pin", "unpin", "remove_all", "stats",
+    "get_local", "release",
 };
 
 void kvp__metrics_observe(kvp__server_counters_t *c, uint32_t op, uint64_t ns)
@@ -72,6 +73,10 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
         (unsigned long long)atomic_load(&c->auth_failures));
     out(&b, "# TYPE kvpool_bytes_total counter\nkvpool_bytes_total{dir=\"in\"} %llu\nkvpool_bytes_total{dir=\"out\"} %llu\n",
         (unsigned long long)atomic_load(&c->bytes_in), (unsigned long long)atomic_load(&c->bytes_out));
+    out(&b, "# HELP kvpool_local_read_leases Values leased to clients reading the arena directly.\n"
+            "# TYPE kvpool_local_read_leases gauge\nkvpool_local_read_leases %llu\n"
+            "# TYPE kvpool_local_read_leased_bytes gauge\nkvpool_local_read_leased_bytes %llu\n",
+        (unsigned long long)atomic_load(&c->local_leases), (unsigned long long)atomic_load(&c->local_bytes));
     out(&b, "# TYPE kvpool_connections gauge\nkvpool_connections %llu\n",
         (unsigned long long)atomic_load(&c->connections));
     uint64_t acc = atomic_load(&c->accepted), acc_tcp = atomic_load(&c->accepted_tcp);

@@ -20,6 +20,8 @@ typedef struct kvp__server_counters {
     _Atomic uint64_t accepted_tcp; /* of accepted: on kvpool's TCP transport */
     _Atomic uint64_t worker_rebuilds; /* UCX workers replaced because they were stuck */
     _Atomic uint64_t bytes_in, bytes_out;
+    _Atomic uint64_t local_leases;    /* values leased to local readers (GET_LOCAL) now */
+    _Atomic uint64_t local_bytes;     /* their bytes */
     _Atomic uint64_t ops[KVP_WOP_MAX + 1];
     _Atomic uint64_t lat_count[KVP_WOP_MAX + 1];
     _Atomic uint64_t lat_sum_ns[KVP_WOP_MAX + 1];

@@ -15,6 +15,16 @@
  * Get: each found value is leased and the reply is sent straight from the
  * arena (an iov of leased slices); the leases end when the send completes.
  *
+ * Local reads: the arena is a memfd, and a client on this host may map it
+ * read-only (HELLO tells it where).  Its GET_LOCAL is answered with each
+ * value's offset instead of the bytes; the leases stay with the connection
+ * (lgroup_t) until the client sends RELEASE after copying, or until its
+ * socket closes.  A connection the server drops while its client may still
+ * be copying (worker replaced, a protocol violation) keeps those leases
+ * until the client closes the socket (it is shut down for writing, so the
+ * client sees the end) or LINGER_NS passes: space is never reused under a
+ * reader.
+ *
  * Connections on kvpool's TCP transport (net/lane.h) have no UCX endpoint:
  * the same requests arrive as frames on the connection's socket, a put's
  * values are read from it straight into the reserved slots, and replies
@@ -34,6 +44,7 @@
 #include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -93,6 +104,9 @@ typedef struct conn {
     uint64_t tx_bytes;      /* their frames' bytes (leased values included) */
     int tx_wait;            /* EPOLLOUT armed */
     int rx_paused;          /* EPOLLIN off: too many replies waiting (the client does not read) */
+    struct lgroup *lgroups; /* GET_LOCAL leases the client holds */
+    uint32_t nlgroups;
+    uint64_t linger_until_ns; /* dead, its client maybe still reading: socket kept until then */
 } conn_t;
 
 #define KEY_BUCKETS 1024
@@ -107,6 +121,8 @@ typedef struct conn {
 #define LANE_TX_MAX_BYTES (64ull << 20)
 #define WEDGE_NS (1ull * 1000000000ull) /* see worker_rebuild */
 #define ABANDON_AFTER_NS (2ull * 1000000000ull) /* see conn_abandon_replies */
+#define LGROUPS_MAX 4096u /* GET_LOCALs a connection may hold unreleased */
+#define LINGER_NS (10ull * 1000000000ull) /* see the local reads above */
 
 typedef struct server {
     kvp__server_params_t p;
@@ -122,6 +138,7 @@ typedef struct server {
     uint64_t nconns, next_conn_id;
     int draining, stop;
     int rebuild;                /* SIGUSR2: replace the UCX worker (see worker_rebuild) */
+    int local_replied;          /* this progress pass answered a GET_LOCAL (see loop) */
     uint64_t drain_deadline_ns;
     uint64_t inflight;          /* requests not yet answered */
     uint64_t inflight_puts, inflight_replies, inflight_in_data; /* its parts, for diagnosis */
@@ -152,6 +169,15 @@ typedef struct reply {
     uint8_t head[KVP_LANE_HEAD];
 } reply_t;
 
+/* One GET_LOCAL's leases, held for the client until it sends RELEASE. */
+typedef struct lgroup {
+    struct lgroup *next;
+    uint64_t req_id;
+    uint64_t bytes;
+    uint32_t n;
+    kvp__lease_t *leases[];
+} lgroup_t;
+
 /* A put whose payload is still arriving. */
 typedef struct put_ctx {
     server_t *s;
@@ -174,6 +200,44 @@ static conn_t *conn_by_key(server_t *s, uint64_t key)
 }
 
 static int conn_live(const conn_t *c) { return c->state == CONN_READY; }
+
+/* ---- local reads: leases held for clients that map the arena ---- */
+
+static void lgroup_free(server_t *s, lgroup_t *g)
+{
+    for (uint32_t i = 0; i < g->n; i++)
+        kvp__store_release(s->store, g->leases[i]);
+    atomic_fetch_sub(&s->ctr.local_leases, g->n);
+    atomic_fetch_sub(&s->ctr.local_bytes, g->bytes);
+    kvp__free(g, sizeof *g + g->n * sizeof g->leases[0]);
+}
+
+/* RELEASE: the client has copied what GET_LOCAL req_id leased. */
+static void lgroup_release(server_t *s, conn_t *c, uint64_t req_id)
+{
+    for (lgroup_t **gp = &c->lgroups; *gp; gp = &(*gp)->next) {
+        if ((*gp)->req_id == req_id) {
+            lgroup_t *g = *gp;
+            *gp = g->next;
+            c->nlgroups--;
+            lgroup_free(s, g);
+            return;
+        }
+    }
+    atomic_fetch_add(&s->ctr.bad_requests, 1);
+    kvp_warn("server: conn %llu released request %llu, which holds no leases", (unsigned long long)c->id,
+             (unsigned long long)req_id);
+}
+
+static void lgroup_release_all(server_t *s, conn_t *c)
+{
+    while (c->lgroups) {
+        lgroup_t *g = c->lgroups;
+        c->lgroups = g->next;
+        lgroup_free(s, g);
+    }
+    c->nlgroups = 0;
+}
 
 /* ---- replies ---- */
 
@@ -503,21 +567,36 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
 
 /* ---- other ops ---- */
 
+/* GET, or GET_LOCAL: the values' offsets in the arena instead of their
+ * bytes, their leases kept for the client until it releases them. */
 static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
 {
     uint32_t n = rq->nkeys;
-    reply_t *r = reply_new(s, c, KVP_WOP_GET);
+    int local = rq->op == KVP_WOP_GET_LOCAL;
+    void *arena = NULL;
+    size_t arena_len = 0;
+    kvp__store_arena(s->store, &arena, &arena_len);
+    if (local && (kvp__store_arena_fd(s->store) < 0 || c->nlgroups >= LGROUPS_MAX)) {
+        /* Not offered (private arena), or a client that never releases. */
+        if (kvp__store_arena_fd(s->store) >= 0)
+            kvp_warn("server: conn %llu holds %u unreleased local reads; refusing more",
+                     (unsigned long long)c->id, c->nlgroups);
+        reply_status(s, c, rq->op, rq->req_id, local && c->nlgroups >= LGROUPS_MAX ? KVP_ERR_BUSY
+                                                                                    : KVP_ERR_PROTOCOL);
+        return;
+    }
+    reply_t *r = reply_new(s, c, rq->op);
     if (!r)
         return;
     r->cap = n ? n : 1;
     r->leases = kvp__calloc(r->cap, sizeof *r->leases);
     r->iov = kvp__calloc(r->cap, sizeof *r->iov);
     if (!r->leases || !r->iov) {
-        kvp__wire_reply_begin(&r->w, KVP_WOP_GET, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
         reply_send(r);
         return;
     }
-    kvp__wire_reply_begin(&r->w, KVP_WOP_GET, rq->req_id, KVP_OK, 1);
+    kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
     kvp__mpw_array(&r->w, n);
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -536,9 +615,38 @@ static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
             r->nleases++;
             bytes += size;
         }
-        kvp__mpw_array(&r->w, 2);
+        kvp__mpw_array(&r->w, local ? 3 : 2);
         kvp__mpw_int(&r->w, st);
         kvp__mpw_uint(&r->w, size);
+        if (local)
+            kvp__mpw_uint(&r->w, st == KVP_OK ? (uint64_t)((const uint8_t *)p - (const uint8_t *)arena) : 0);
+    }
+    if (local && r->nleases) {
+        /* The leases move from the reply (which then sends no values) to
+         * the connection. */
+        lgroup_t *g = kvp__malloc(sizeof *g + r->nleases * sizeof g->leases[0]);
+        if (!g || r->w.err) {
+            kvp__free(g, g ? sizeof *g + r->nleases * sizeof g->leases[0] : 0);
+            for (uint32_t i = 0; i < r->nleases; i++)
+                kvp__store_release(s->store, r->leases[i]);
+            r->nleases = 0;
+            kvp__mpw_free(&r->w);
+            kvp__mpw_init(&r->w, r->wbuf, sizeof r->wbuf);
+            kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+            reply_send(r);
+            return;
+        }
+        g->req_id = rq->req_id;
+        g->bytes = bytes;
+        g->n = r->nleases;
+        memcpy(g->leases, r->leases, r->nleases * sizeof g->leases[0]);
+        g->next = c->lgroups;
+        c->lgroups = g;
+        c->nlgroups++;
+        atomic_fetch_add(&s->ctr.local_leases, g->n);
+        atomic_fetch_add(&s->ctr.local_bytes, bytes);
+        r->nleases = 0;
+        s->local_replied = 1;
     }
     atomic_fetch_add(&s->ctr.bytes_out, bytes);
     reply_send(r);
@@ -630,6 +738,17 @@ static int token_ok(const server_t *s, const uint8_t *tok, uint32_t len)
     return diff == 0;
 }
 
+/* Closes a connection's socket; its client holds no leases any more. */
+static void conn_close_fd(server_t *s, conn_t *c)
+{
+    lgroup_release_all(s, c);
+    if (c->src.fd >= 0) {
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
+        close(c->src.fd);
+        c->src.fd = -1;
+    }
+}
+
 static void conn_kill(server_t *s, conn_t *c, const char *why)
 {
     if (c->state == CONN_DEAD)
@@ -656,13 +775,42 @@ static void conn_kill(server_t *s, conn_t *c, const char *why)
     c->tx_bytes = 0;
     kvp__free(c->rx_buf, c->rx_cap);
     c->rx_buf = NULL;
-    if (c->src.fd >= 0) {
-        epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
-        close(c->src.fd);
-        c->src.fd = -1;
+    char b;
+    ssize_t peek = c->lgroups && c->src.fd >= 0 ? recv(c->src.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) : 0;
+    if (peek > 0 || (peek < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+        /* The client is alive and may be copying what it leased: tell it
+         * the connection is over, and keep the leases until it closes. */
+        shutdown(c->src.fd, SHUT_WR);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->src};
+        epoll_ctl(s->epfd, EPOLL_CTL_MOD, c->src.fd, &ev);
+        c->linger_until_ns = kvp__now_ns() + LINGER_NS;
+    } else {
+        conn_close_fd(s, c);
     }
     kvp__free(c->hs_buf, HS_BUF_MAX);
     c->hs_buf = NULL;
+}
+
+/* HELLO's arena field: where a client on this host finds the arena's
+ * memfd (/proc/PID/fd/FD, checked against dev and ino), or nil. */
+static void hello_arena(server_t *s, kvp__mpw_t *w)
+{
+    int fd = kvp__store_arena_fd(s->store);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        kvp__mpw_nil(w);
+        return;
+    }
+    void *base;
+    size_t len;
+    kvp__store_arena(s->store, &base, &len);
+    kvp__mpw_array(w, 6);
+    kvp__mpw_uint(w, (uint64_t)getpid());
+    kvp__mpw_uint(w, (uint64_t)fd);
+    kvp__mpw_uint(w, len);
+    kvp__mpw_uint(w, (uint64_t)st.st_dev);
+    kvp__mpw_uint(w, (uint64_t)st.st_ino);
+    kvp__mpw_uint(w, s->p.no_prefault ? 0 : 1);
 }
 
 static void dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
@@ -672,14 +820,17 @@ static void dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         reply_t *r = reply_new(s, c, rq->op);
         if (!r)
             return;
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 3);
+        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 4);
         kvp__mpw_uint(&r->w, KVP_WIRE_VERSION);
         kvp__mpw_uint(&r->w, KVP_BATCH_MAX);
         kvp__mpw_uint(&r->w, kvp__store_max_value(s->store));
+        hello_arena(s, &r->w);
         reply_send(r);
+    } else if (rq->op == KVP_WOP_RELEASE) {
+        lgroup_release(s, c, rq->req_id); /* (also while draining; never answered) */
     } else if (s->draining) {
         reply_status(s, c, rq->op, rq->req_id, KVP_ERR_CLOSED);
-    } else if (rq->op == KVP_WOP_GET) {
+    } else if (rq->op == KVP_WOP_GET || rq->op == KVP_WOP_GET_LOCAL) {
         handle_get(s, c, rq);
     } else {
         handle_simple(s, c, rq);
@@ -1076,6 +1227,14 @@ static void finish_handshake(server_t *s, conn_t *c, const kvp__hs_hello_t *h)
 
 static void on_conn_readable(server_t *s, conn_t *c, uint32_t events)
 {
+    if (c->state == CONN_DEAD) {
+        /* Lingering (see conn_kill): wait for the client's close. */
+        char junk[4096];
+        ssize_t k = recv(c->src.fd, junk, sizeof junk, 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR) || (events & (EPOLLHUP | EPOLLERR)))
+            conn_close_fd(s, c);
+        return;
+    }
     if (c->state == CONN_HANDSHAKE) {
         ssize_t k = recv(c->src.fd, c->hs_buf + c->hs_len, HS_BUF_MAX - c->hs_len, 0);
         if (k <= 0) {
@@ -1174,7 +1333,12 @@ static void reap_conns(server_t *s, int check_deadlines)
                      "releasing their leases", (unsigned long long)c->id, (unsigned long long)c->inflight);
             conn_abandon_replies(c);
         }
-        if (c->state == CONN_DEAD && c->inflight == 0) {
+        if (c->state == CONN_DEAD && c->src.fd >= 0 && check_deadlines && now > c->linger_until_ns) {
+            kvp_warn("server: conn %llu: its client never closed; releasing %u local read(s)",
+                     (unsigned long long)c->id, c->nlgroups);
+            conn_close_fd(s, c);
+        }
+        if (c->state == CONN_DEAD && c->inflight == 0 && c->src.fd < 0) {
             *pp = c->next;
             conn_t **hp = &s->by_key[c->key % KEY_BUCKETS];
             while (*hp && *hp != c)
@@ -1331,8 +1495,12 @@ static void loop(server_t *s)
         while (ucp_worker_progress(s->worker))
             did = 1;
         uint64_t now = kvp__now_ns();
-        if (did)
-            spin_until = now + 50000; /* keep polling 50 us after activity: lower latency */
+        /* Keep polling 50 us after activity: lower latency.  Not after
+         * answering a local read: its client is busy copying (on both
+         * cores) and sends nothing until it is done. */
+        if (did && !s->local_replied)
+            spin_until = now + 50000;
+        s->local_replied = 0;
         int timeout = now < spin_until ? 0 : (s->draining ? 10 : 1000);
         /* The worker cannot be armed while it has events: poll the sockets
          * and come back.  (A worker with a dead peer's transport can stay
@@ -1420,10 +1588,12 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     kvp__store_params_t sp;
     kvp__store_params_default(&sp);
     sp.capacity = params->memory;
-    /* Anonymous memory with transparent huge pages, faulted in at start: a
-     * server's arena is its whole reason to exist, and first-touch page
-     * faults on the put path cost more than the copy itself. */
-    sp.mem_kind = KVP_MEM_ANON;
+    /* Faulted in at start: a server's arena is its whole reason to exist,
+     * and first-touch page faults on the put path cost more than the copy
+     * itself.  A memfd, so that clients on this host can map it and copy
+     * values out themselves (local reads; docs/transport.md §9); else
+     * anonymous memory with transparent huge pages. */
+    sp.mem_kind = params->no_local_reads ? KVP_MEM_ANON : KVP_MEM_MEMFD;
     sp.huge = KVP_HUGE_AUTO;
     sp.prefault = !params->no_prefault;
     if (params->put_timeout_ns)
@@ -1466,8 +1636,10 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     kvp_info("server: stopped");
     close(tfd);
     close(sfd);
-    for (conn_t *c = s->conns; c; c = c->next)
+    for (conn_t *c = s->conns; c; c = c->next) {
         conn_kill(s, c, "server stopping");
+        conn_close_fd(s, c); /* (a lingering one too: the process ends) */
+    }
     reap_conns(s, 0);
     kvp__metrics_stop(s->metrics);
     st = KVP_OK;

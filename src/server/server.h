@@ -22,6 +22,7 @@ typedef struct kvp__server_params {
     const char *port_file;      /* if set, the bound port is written there once listening */
     uint32_t max_conns;         /* 0 = 1024 */
     int no_prefault;            /* do not fault the arena in at start */
+    int no_local_reads;         /* arena in private memory: clients on this host cannot map it */
 } kvp__server_params_t;
 
 kvp_status_t kvp__server_run(const kvp__server_params_t *params);

@@ -481,6 +481,8 @@ void kvp__store_arena(kvp__store_t *s, void **base_p, size_t *len_p)
     *len_p = s->mem.size;
 }
 
+int kvp__store_arena_fd(const kvp__store_t *s) { return s->mem.fd; }
+
 kvp_status_t kvp__store_get(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *dst,
                             uint64_t dst_cap, uint64_t *size_p)
 {

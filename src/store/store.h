@@ -65,6 +65,8 @@ kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
 void kvp__store_release(kvp__store_t *s, kvp__lease_t *lease);
 /* The arena region, for registering it with a transport. */
 void kvp__store_arena(kvp__store_t *s, void **base_p, size_t *len_p);
+/* The arena's memfd (another process on the host may map it), or -1. */
+int kvp__store_arena_fd(const kvp__store_t *s);
 kvp_status_t kvp__store_remove(kvp__store_t *s, const void *key, uint32_t klen);
 kvp_status_t kvp__store_pin(kvp__store_t *s, const void *key, uint32_t klen, int pin);
 uint64_t kvp__store_remove_all(kvp__store_t *s);

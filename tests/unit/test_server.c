@@ -25,138 +25,7 @@
 #include "net/ucx.h"
 #include "net/wire.h"
 #include "pool_contract.h"
-
-typedef struct {
-    pid_t pid;
-    uint16_t port;
-    char uri[128];
-    char dir[64];
-    uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
-} server_t;
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Starts `kvpool server` with extra args; port 0 = any (read from the port
- * file), else that port. */
-static void server_start(server_t *s, const char *memory, uint16_t port, const char *token)
-{
-    const char *bin = getenv("KVP_BIN");
-    ASSERT_MSG(bin != NULL, "KVP_BIN not set (run through ctest)");
-    if (!s->dir[0]) {
-        snprintf(s->dir, sizeof s->dir, "/tmp/kvp-test-XXXXXX");
-        ASSERT(mkdtemp(s->dir) != NULL);
-    }
-    char portfile[128], listen[64], tokfile[128];
-    snprintf(portfile, sizeof portfile, "%s/port", s->dir);
-    snprintf(tokfile, sizeof tokfile, "%s/token", s->dir);
-    unlink(portfile);
-    snprintf(listen, sizeof listen, "127.0.0.1:%u", port);
-    if (token) {
-        FILE *f = fopen(tokfile, "w");
-        ASSERT(f);
-        fprintf(f, "%s\n", token);
-        fclose(f);
-    }
-    s->pid = fork();
-    ASSERT(s->pid >= 0);
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        /* The server's log goes to <dir>/server.log (kept for post-mortems),
-         * or to the test's stderr with KVP_TEST_SERVER_LOG=1. */
-        char logf[160];
-        snprintf(logf, sizeof logf, "%s/server.log", s->dir);
-        int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (!getenv("KVP_TEST_SERVER_LOG") && logfd >= 0)
-            dup2(logfd, 2);
-        char mport[16];
-        snprintf(mport, sizeof mport, "%u", s->metrics_port);
-        const char *argv[20] = {bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
-                                "--log-level", "warn"};
-        int argc = 10;
-        if (token) {
-            argv[argc++] = "--token-file";
-            argv[argc++] = tokfile;
-        }
-        if (s->metrics_port) {
-            argv[argc++] = "--metrics-port";
-            argv[argc++] = mport;
-        }
-        argv[argc] = NULL;
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 1000; i++) {
-        FILE *f = fopen(portfile, "r");
-        unsigned p = 0;
-        if (f && fscanf(f, "%u", &p) == 1) {
-            fclose(f);
-            s->port = (uint16_t)p;
-            snprintf(s->uri, sizeof s->uri, "kvpool://127.0.0.1:%u?timeout=%s", s->port,
-                     getenv("KVP_TEST_CALL_TIMEOUT") ? getenv("KVP_TEST_CALL_TIMEOUT") : "30s");
-            return;
-        }
-        if (f)
-            fclose(f);
-        int st;
-        ASSERT_MSG(waitpid(s->pid, &st, WNOHANG) == 0, "server exited at start");
-        sleep_ms(10);
-    }
-    ASSERT_MSG(0, "server did not start");
-}
-
-/* Prints the server's log when it ended other than by the signal we sent. */
-static void server_postmortem(server_t *s, int st, int sig)
-{
-    if (WIFSIGNALED(st) && WTERMSIG(st) == sig)
-        return;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-        return;
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "tail -n 40 %s/server.log >&2", s->dir);
-    fprintf(stderr, "  server ended with status 0x%x; its log:\n", st);
-    (void)!system(cmd);
-}
-
-/* Removes the server's directory (port file, log, token). */
-static void server_dir_remove(server_t *s)
-{
-    const char *files[] = {"port", "port.tmp", "server.log", "token"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char f[160];
-        snprintf(f, sizeof f, "%s/%s", s->dir, files[i]);
-        unlink(f);
-    }
-    rmdir(s->dir);
-    s->dir[0] = 0;
-}
-
-static int server_stop(server_t *s, int sig)
-{
-    int st = 0;
-    if (s->pid > 0) {
-        kill(s->pid, sig);
-        waitpid(s->pid, &st, 0);
-        server_postmortem(s, st, sig);
-        s->pid = 0;
-        /* An expected end: the log is not needed any more (an unexpected
-         * one keeps the directory for the post-mortem). */
-        if ((WIFSIGNALED(st) && WTERMSIG(st) == sig) || (WIFEXITED(st) && WEXITSTATUS(st) == 0))
-            server_dir_remove(s);
-    }
-    return st;
-}
-
-static kvp_pool_t *open_ok(const char *uri)
-{
-    kvp_pool_t *p = NULL;
-    kvp_status_t st = kvp_pool_open(uri, &p);
-    ASSERT_MSG(st == KVP_OK, "open %s: %s", uri, kvp_status_name(st));
-    return p;
-}
+#include "server_harness.h"
 
 /* ---- the contract, unchanged, against kvpool:// ---- */
 
@@ -171,14 +40,6 @@ static kvp_pool_t *open_ok(const char *uri)
 KVP_CONTRACT_LIST(DEF)
 #undef DEF
 
-/* ... and against kvpool's TCP transport (net/lane.h) instead of UCX. */
-static const char *lane_uri(const server_t *s)
-{
-    static char uri[sizeof s->uri + 32];
-    snprintf(uri, sizeof uri, "%s&transport=tcp", s->uri);
-    return uri;
-}
-
 #define DEF(name)                                      \
     TEST(test_server_lane_contract_##name)             \
     {                                                  \
@@ -191,41 +52,6 @@ KVP_CONTRACT_LIST(DEF)
 #undef DEF
 
 /* ---- failures ---- */
-
-static void put_pattern(kvp_pool_t *p, const char *key, size_t size, uint8_t seed, kvp_status_t *st_p)
-{
-    char *v = malloc(size);
-    for (size_t i = 0; i < size; i++)
-        v[i] = (char)(seed + i * 7);
-    kvp_key_t k = kvp_key_str(key);
-    kvp_iov_t iov = {v, size};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t r;
-    kvp_status_t st = kvp_pool_put(p, &k, &sgl, 1, &r);
-    *st_p = st != KVP_OK ? st : r.status;
-    free(v);
-}
-
-/* 1 if key holds the full pattern, 0 if absent; fails on a partial value. */
-static int check_pattern(kvp_pool_t *p, const char *key, size_t size, uint8_t seed)
-{
-    char *v = malloc(size);
-    kvp_key_t k = kvp_key_str(key);
-    kvp_iov_t iov = {v, size};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t r;
-    ASSERT_OK(kvp_pool_get(p, &k, &sgl, 1, &r));
-    if (r.status == KVP_ERR_NOT_FOUND) {
-        free(v);
-        return 0;
-    }
-    ASSERT_EQ(r.status, KVP_OK);
-    ASSERT_EQ(r.size, size);
-    for (size_t i = 0; i < size; i++)
-        ASSERT_MSG(v[i] == (char)(seed + i * 7), "%s: byte %zu wrong", key, i);
-    free(v);
-    return 1;
-}
 
 static void killed_mid_put(int lane)
 {
@@ -796,14 +622,6 @@ TEST(test_server_token_required)
 
 /* ---- bad input while a healthy client keeps working ---- */
 
-static int tcp_connect(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(0x7f000001)};
-    ASSERT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    return fd;
-}
-
 static void healthy_round(kvp_pool_t *p, int i)
 {
     char key[32];
@@ -950,67 +768,6 @@ TEST(test_server_bad_input_keeps_serving_others)
 
 /* ---- bad frames on kvpool's TCP transport ---- */
 
-static int lane_raw_connect(uint16_t port, uint64_t *key)
-{
-    int fd;
-    void *srv;
-    uint32_t srv_len;
-    ASSERT_OK(kvp__hs_client("127.0.0.1", port, NULL, NULL, 0, 5000, &fd, key, &srv, &srv_len));
-    free(srv);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return fd;
-}
-
-static void lane_raw_frame(int fd, const void *hdr, uint32_t hlen, uint64_t data_claimed, const void *data,
-                           size_t dlen)
-{
-    uint8_t head[KVP_LANE_HEAD];
-    kvp__lane_head_encode(head, hlen, data_claimed);
-    (void)!send(fd, head, sizeof head, MSG_NOSIGNAL);
-    if (hlen)
-        (void)!send(fd, hdr, hlen, MSG_NOSIGNAL);
-    if (dlen)
-        (void)!send(fd, data, dlen, MSG_NOSIGNAL);
-}
-
-/* The next event on fd within 5 s: 1 = a reply frame (its op and status
- * returned), 0 = the server closed the connection. */
-static int lane_raw_next(int fd, uint32_t *op, kvp_status_t *status)
-{
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    ASSERT_MSG(poll(&pf, 1, 5000) == 1, "no answer and no close within 5 s");
-    uint8_t head[KVP_LANE_HEAD];
-    ssize_t k = recv(fd, head, sizeof head, MSG_WAITALL);
-    if (k <= 0)
-        return 0;
-    ASSERT_EQ(k, (ssize_t)sizeof head);
-    uint32_t hl;
-    uint64_t dl;
-    ASSERT_EQ(kvp__lane_head_decode(head, &hl, &dl), 0);
-    uint8_t *hdr = malloc(hl);
-    ASSERT_EQ(recv(fd, hdr, hl, MSG_WAITALL), (ssize_t)hl);
-    kvp__wire_reply_t rep;
-    ASSERT_OK(kvp__wire_reply_decode(hdr, hl, &rep));
-    free(hdr);
-    for (uint64_t left = dl; left;) { /* values: not looked at */
-        char sink[4096];
-        ssize_t r = recv(fd, sink, left < sizeof sink ? left : sizeof sink, 0);
-        ASSERT(r > 0);
-        left -= (uint64_t)r;
-    }
-    *op = rep.op;
-    *status = rep.status;
-    return 1;
-}
-
-static void lane_expect_closed(int fd)
-{
-    uint32_t op;
-    kvp_status_t st;
-    ASSERT_EQ(lane_raw_next(fd, &op, &st), 0);
-    close(fd);
-}
-
 TEST(test_server_lane_bad_frames_keep_serving_others)
 {
     server_t s = {0};
@@ -1112,47 +869,6 @@ TEST(test_server_lane_bad_frames_keep_serving_others)
 
 /* ---- metrics ---- */
 
-static uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
-    socklen_t sl = sizeof sa;
-    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ASSERT_EQ(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-/* GET /metrics; returns the body (malloc'd) or NULL. */
-static char *http_metrics(uint16_t port)
-{
-    int fd = tcp_connect(port);
-    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    ASSERT_EQ(send(fd, req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)(sizeof req - 1));
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap);
-    ssize_t k;
-    while ((k = recv(fd, buf + len, cap - 1 - len, 0)) > 0)
-        len += (size_t)k;
-    close(fd);
-    buf[len] = 0;
-    ASSERT_MSG(strstr(buf, " 200 ") != NULL, "metrics answered: %.80s", buf);
-    char *body = strstr(buf, "\r\n\r\n");
-    ASSERT(body != NULL);
-    memmove(buf, body + 4, strlen(body + 4) + 1);
-    return buf;
-}
-
-/* The value of the sample line that starts with `series ` (-1 if none). */
-static double metric(const char *text, const char *series)
-{
-    size_t n = strlen(series);
-    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
-        if (!strncmp(l, series, n) && l[n] == ' ')
-            return strtod(l + n + 1, NULL);
-    return -1;
-}
-
 TEST(test_server_metrics_prometheus_text)
 {
     server_t s = {0};
@@ -1191,7 +907,11 @@ TEST(test_server_metrics_prometheus_text)
     }
     ASSERT_MSG(m != NULL, "no metrics endpoint on port %u", s.metrics_port);
     ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"put\"}"), 103);
-    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get\"}"), 3);
+    /* m0 (100,000 bytes over UCX) is a local read; m1 and nope are not */
+    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get\"}"), 2);
+    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get_local\"}"), 1);
+    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"release\"}"), 1);
+    ASSERT_EQ(metric(m, "kvpool_local_read_leases"), 0);
     ASSERT(metric(m, "kvpool_bytes_total{dir=\"in\"}") >= 103 * 100000.0);
     ASSERT_EQ(metric(m, "kvpool_bytes_total{dir=\"out\"}"), 200000);
     ASSERT_EQ(metric(m, "kvpool_connections"), 2);

@@ -43,12 +43,17 @@ TEST(test_wire_every_op_round_trips)
     for (uint32_t op = 0; op <= KVP_WOP_MAX; op++) {
         kvp__mpw_t w;
         kvp__mpw_init(&w, NULL, 0);
-        int sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET;
+        int sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET || op == KVP_WOP_GET_LOCAL;
+        int keys = op != KVP_WOP_IN_DATA && op != KVP_WOP_HELLO && op != KVP_WOP_REMOVE_ALL &&
+                   op != KVP_WOP_STATS && op != KVP_WOP_RELEASE;
         kvp__wire_req_encode(&w, op, op + 1, 0, 5, &k, 1, sizes ? &sz : NULL);
         kvp__wire_req_t rq;
         ASSERT_OK(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX));
         ASSERT_EQ(rq.op, op);
         ASSERT_EQ(rq.req_id, op + 1);
+        ASSERT_EQ(rq.nkeys, keys ? 1u : 0u);
+        if (sizes)
+            ASSERT_EQ(rq.sizes[0], sz);
         kvp__mpw_free(&w);
     }
 }

@@ -1,0 +1,55 @@
+/*
+ * Local reads: a client on the server's host maps the server's arena (a
+ * memfd, read-only) and copies get values out of it itself, instead of
+ * having UCX move them (docs/transport.md §9).  This module owns the
+ * process's mappings (one per server arena, shared by every handle that
+ * reaches that server) and the copy helper: one thread that takes half of
+ * each large copy, so a get's single copy runs on two cores.
+ *
+ * Safety: the server leases every value it names in a GET_LOCAL reply until
+ * the client releases it or the connection's socket closes, so the bytes
+ * read here never change under the copy.  The mapping is PROT_READ: a client
+ * cannot write into the arena.
+ */
+#ifndef KVP_CLIENT_LOCAL_READ_H
+#define KVP_CLIENT_LOCAL_READ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool/status.h"
+
+/* What the server's HELLO says about its arena (net/wire.h). */
+typedef struct kvp__arena_info {
+    uint64_t pid, fd, size, dev, ino;
+    int populated; /* its pages are all allocated: mapping them in ahead is free of side effects */
+} kvp__arena_info_t;
+
+typedef struct kvp__lmap kvp__lmap_t;
+
+/* Maps the arena (opening /proc/PID/fd/FD and checking that it is the
+ * file named by dev and ino), or takes another reference on this process's
+ * existing mapping of it.  KVP_ERR_UNSUPPORTED when it cannot be mapped
+ * from here (another host or PID namespace, no permission, a different
+ * file): the caller reads over the network instead. */
+kvp_status_t kvp__lmap_get(const kvp__arena_info_t *ai, kvp__lmap_t **m_p);
+void kvp__lmap_ref(kvp__lmap_t *m);
+void kvp__lmap_put(kvp__lmap_t *m);
+/* Is m the mapping of the arena ai describes? */
+int kvp__lmap_is(const kvp__lmap_t *m, const kvp__arena_info_t *ai);
+const uint8_t *kvp__lmap_base(const kvp__lmap_t *m);
+uint64_t kvp__lmap_size(const kvp__lmap_t *m);
+
+/* One piece of a copy. */
+typedef struct kvp__cpseg {
+    void *dst;
+    const void *src;
+    size_t len;
+} kvp__cpseg_t;
+
+/* Copies every segment; from KVP_PCOPY_MIN bytes on, the copy helper takes
+ * the second half (when it is free and the machine has two cores). */
+#define KVP_PCOPY_MIN (256u * 1024u)
+void kvp__pcopy(const kvp__cpseg_t *segs, uint32_t n);
+
+#endif

@@ -1,0 +1,598 @@
+/*
+ * Local reads (docs/transport.md §9, docs/protocol.md §2): a client on the
+ * server's host maps the arena and copies get values out of it.  Checked
+ * here with real server processes: the values match byte for byte in every
+ * shape of get; the leases keep the bytes from being reused until RELEASE
+ * or until the connection's socket closes (also when the server drops the
+ * connection while its client may still be reading); a client that never
+ * releases is refused; the feature switches off on either side.  And the
+ * copy helper and the arena mapping on their own.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "client/local_read.h"
+#include "common/mp.h"
+#include "server_harness.h"
+
+/* ---- the copy helper and the mapping, without a server ---- */
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)((i * 131u + seed * 7u) >> 3);
+}
+
+/* Copies nseg segments of the given lengths from odd offsets of src into
+ * odd offsets of dst, and checks every byte (and that nothing around them
+ * was written). */
+static void pcopy_check(const size_t *lens, uint32_t nseg, uint32_t seed)
+{
+    size_t total = 0;
+    for (uint32_t i = 0; i < nseg; i++)
+        total += lens[i] + 64;
+    uint8_t *src = malloc(total), *dst = malloc(total);
+    fill(src, total, seed);
+    memset(dst, 0xEE, total);
+    kvp__cpseg_t segs[16];
+    size_t off = 0;
+    for (uint32_t i = 0; i < nseg; i++) {
+        size_t so = off + (seed + i) % 61, d = off + (seed * 3 + i) % 59;
+        segs[i] = (kvp__cpseg_t){dst + d, src + so, lens[i]};
+        off += lens[i] + 64;
+    }
+    kvp__pcopy(segs, nseg);
+    off = 0;
+    for (uint32_t i = 0; i < nseg; i++) {
+        size_t so = off + (seed + i) % 61, d = off + (seed * 3 + i) % 59;
+        ASSERT_MSG(memcmp(dst + d, src + so, lens[i]) == 0, "segment %u of %zu bytes differs", i, lens[i]);
+        for (size_t b = off; b < d; b++)
+            ASSERT_EQ(dst[b], 0xEE);
+        for (size_t b = d + lens[i]; b < off + lens[i] + 64; b++)
+            ASSERT_EQ(dst[b], 0xEE);
+        off += lens[i] + 64;
+    }
+    free(src);
+    free(dst);
+}
+
+TEST(test_local_read_pcopy_every_byte_in_place)
+{
+    const size_t one_small[] = {100};
+    const size_t one_large[] = {(1u << 20) + 13};
+    const size_t many[] = {3, 70000, 1, 300001, 0, 4095, 513 * 1024, 17};
+    const size_t at_min[] = {KVP_PCOPY_MIN - 1, 1};
+    pcopy_check(one_small, 1, 1);
+    pcopy_check(one_large, 1, 2);
+    pcopy_check(many, 8, 3);
+    pcopy_check(at_min, 2, 4);
+    for (uint32_t s = 5; s < 25; s++) { /* split points across odd boundaries */
+        size_t l[3] = {KVP_PCOPY_MIN / 3 + s * 101, KVP_PCOPY_MIN / 3 + s * 7, s * 977};
+        pcopy_check(l, 3, s);
+    }
+}
+
+static void *pcopy_thread(void *arg)
+{
+    uint32_t seed = (uint32_t)(uintptr_t)arg;
+    for (uint32_t i = 0; i < 30; i++) {
+        size_t l[2] = {(600u << 10) + i * 33 + seed, (200u << 10) + seed};
+        pcopy_check(l, 2, seed * 100 + i);
+    }
+    return NULL;
+}
+
+TEST(test_local_read_pcopy_concurrent_callers)
+{
+    /* Callers racing for the one helper: each copy is still whole. */
+    pthread_t t[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        ASSERT_EQ(pthread_create(&t[i], NULL, pcopy_thread, (void *)(i + 1)), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+}
+
+TEST(test_local_read_map_checks_the_file)
+{
+    size_t size = 4u << 20;
+    int fd = memfd_create("test-arena", MFD_CLOEXEC);
+    ASSERT(fd >= 0);
+    ASSERT_EQ(ftruncate(fd, (off_t)size), 0);
+    uint8_t *w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT(w != MAP_FAILED);
+    fill(w, size, 9);
+    struct stat st;
+    ASSERT_EQ(fstat(fd, &st), 0);
+    kvp__arena_info_t ai = {(uint64_t)getpid(), (uint64_t)fd, size, (uint64_t)st.st_dev, (uint64_t)st.st_ino, 1};
+    kvp__lmap_t *m = NULL, *m2 = NULL, *bad = NULL;
+    ASSERT_OK(kvp__lmap_get(&ai, &m));
+    ASSERT_EQ(kvp__lmap_size(m), size);
+    ASSERT(kvp__lmap_is(m, &ai));
+    ASSERT(memcmp(kvp__lmap_base(m), w, size) == 0);
+    w[12345] ^= 0xFF; /* the same memory, not a copy */
+    ASSERT_EQ(kvp__lmap_base(m)[12345], w[12345]);
+    ASSERT_OK(kvp__lmap_get(&ai, &m2)); /* one mapping per arena per process */
+    ASSERT(m2 == m);
+    kvp__arena_info_t wrong = ai;
+    wrong.ino++;
+    ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
+    ASSERT(bad == NULL);
+    wrong = ai;
+    wrong.size = size * 2; /* larger than the file */
+    ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
+    wrong = ai;
+    wrong.fd = 100000; /* no such descriptor */
+    ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
+    kvp__lmap_put(m2);
+    kvp__lmap_put(m);
+    munmap(w, size);
+    close(fd);
+}
+
+/* ---- through the server ---- */
+
+static void pattern(uint8_t *v, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] = (uint8_t)(seed + i * 7);
+}
+
+/* The metrics text, waiting for the endpoint to come up. */
+static char *metrics_now(const server_t *s)
+{
+    for (int i = 0; i < 200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->metrics_port),
+                                 .sin_addr.s_addr = htonl(0x7f000001)};
+        int up = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        if (up)
+            return http_metrics(s->metrics_port);
+        sleep_ms(20);
+    }
+    ASSERT_MSG(0, "no metrics endpoint on port %u", s->metrics_port);
+    return NULL;
+}
+
+static double metric_now(const server_t *s, const char *series)
+{
+    char *m = metrics_now(s);
+    double v = metric(m, series);
+    free(m);
+    return v;
+}
+
+/* Waits (up to 5 s) for a metric to reach want; returns its last value. */
+static double metric_await(const server_t *s, const char *series, double want)
+{
+    double v = -1;
+    for (int i = 0; i < 250 && (v = metric_now(s, series)) != want; i++)
+        sleep_ms(20);
+    return v;
+}
+
+TEST(test_server_local_reads_values_match)
+{
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri);
+    char off_uri[200];
+    snprintf(off_uri, sizeof off_uri, "%s&local_reads=off", s.uri);
+    kvp_pool_t *q = open_ok(off_uri);
+    const size_t sizes[] = {65536, 1u << 20, (3u << 20) + 17, 300001, 70000, 100};
+    enum { N = sizeof sizes / sizeof sizes[0] };
+    kvp_key_t keys[N + 1];
+    char names[N + 1][16];
+    uint8_t *vals[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "lr-%d", i);
+        keys[i] = kvp_key_str(names[i]);
+        vals[i] = malloc(sizes[i]);
+        pattern(vals[i], sizes[i], (uint8_t)i);
+        kvp_iov_t iov = {vals[i], sizes[i]};
+        kvp_sgl_t sgl = {&iov, 1};
+        kvp_key_result_t r;
+        ASSERT_OK(kvp_pool_put(p, &keys[i], &sgl, 1, &r));
+        ASSERT_OK(r.status);
+    }
+    snprintf(names[N], sizeof names[N], "lr-missing");
+    keys[N] = kvp_key_str(names[N]);
+    double before = metric_now(&s, "kvpool_requests_total{op=\"get_local\"}");
+
+    /* one key at a time, into a buffer at an odd address, over both handles */
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < N; i++) {
+            uint8_t *buf = malloc(sizes[i] + 8);
+            memset(buf, 0, sizes[i] + 8);
+            kvp_iov_t iov = {buf + 3, sizes[i]};
+            kvp_sgl_t sgl = {&iov, 1};
+            kvp_key_result_t r;
+            ASSERT_OK(kvp_pool_get(h ? q : p, &keys[i], &sgl, 1, &r));
+            ASSERT_OK(r.status);
+            ASSERT_EQ(r.size, sizes[i]);
+            ASSERT_MSG(memcmp(buf + 3, vals[i], sizes[i]) == 0, "%s differs (handle %d)", names[i], h);
+            ASSERT_EQ(buf[sizes[i] + 3], 0);
+            free(buf);
+        }
+    /* 5 of the 6 single gets had 64 KiB of room or more, on p only */
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), before + 5);
+
+    /* a batch: values scattered over three pieces each, a missing key, a
+     * buffer too small, a capacity far above the value */
+    kvp_iov_t iovs[N + 1][3];
+    kvp_sgl_t sgls[N + 1];
+    uint8_t *bufs[N + 1];
+    for (int i = 0; i <= N; i++) {
+        size_t cap = i < N ? sizes[i] : 1000;
+        if (i == 1)
+            cap = sizes[i] - 1; /* too small */
+        if (i == 5)
+            cap = 1u << 20;     /* 100 bytes into 1 MiB of room */
+        bufs[i] = calloc(1, cap + 64);
+        size_t a = cap / 3, b = cap / 3 + 1;
+        iovs[i][0] = (kvp_iov_t){bufs[i], a};
+        iovs[i][1] = (kvp_iov_t){bufs[i] + a + 5, b}; /* a gap of 5 bytes */
+        iovs[i][2] = (kvp_iov_t){bufs[i] + a + b + 11, cap - a - b};
+        sgls[i] = (kvp_sgl_t){iovs[i], 3};
+    }
+    kvp_key_result_t res[N + 1];
+    ASSERT_OK(kvp_pool_get(p, keys, sgls, N + 1, res));
+    for (int i = 0; i <= N; i++) {
+        if (i == N) {
+            ASSERT_EQ(res[i].status, KVP_ERR_NOT_FOUND);
+            continue;
+        }
+        if (i == 1) {
+            ASSERT_EQ(res[i].status, KVP_ERR_BUFFER_TOO_SMALL);
+            continue;
+        }
+        ASSERT_OK(res[i].status);
+        ASSERT_EQ(res[i].size, sizes[i]);
+        size_t left = sizes[i], pos = 0;
+        for (int k = 0; k < 3 && left; k++) {
+            size_t len = iovs[i][k].len < left ? iovs[i][k].len : left;
+            ASSERT_MSG(memcmp(iovs[i][k].base, vals[i] + pos, len) == 0, "%s piece %d differs", names[i], k);
+            pos += len;
+            left -= len;
+        }
+        ASSERT_EQ(bufs[i][iovs[i][0].len], 0); /* the gaps untouched */
+    }
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), before + 6);
+    /* every lease given back */
+    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_now(&s, "kvpool_bad_requests_total"), 0);
+    for (int i = 0; i <= N; i++)
+        free(bufs[i]);
+    for (int i = 0; i < N; i++)
+        free(vals[i]);
+    kvp_pool_close(p);
+    kvp_pool_close(q);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+/* ---- raw frames on the TCP transport: a client that holds leases ---- */
+
+typedef struct {
+    uint8_t *hdr;
+    kvp__wire_reply_t rep;
+} raw_reply_t;
+
+/* Reads the next reply frame (within 5 s); 0 if the server closed. */
+static int raw_reply(int fd, raw_reply_t *out)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    ASSERT_MSG(poll(&pf, 1, 5000) == 1, "no answer and no close within 5 s");
+    uint8_t head[KVP_LANE_HEAD];
+    ssize_t k = recv(fd, head, sizeof head, MSG_WAITALL);
+    if (k <= 0)
+        return 0;
+    ASSERT_EQ(k, (ssize_t)sizeof head);
+    uint32_t hl;
+    uint64_t dl;
+    ASSERT_EQ(kvp__lane_head_decode(head, &hl, &dl), 0);
+    ASSERT_EQ(dl, 0); /* no values in any reply here */
+    out->hdr = malloc(hl);
+    ASSERT_EQ(recv(fd, out->hdr, hl, MSG_WAITALL), (ssize_t)hl);
+    ASSERT_OK(kvp__wire_reply_decode(out->hdr, hl, &out->rep));
+    return 1;
+}
+
+static void raw_request(int fd, uint32_t op, uint64_t req_id, uint64_t key, const char *name, uint64_t cap)
+{
+    uint8_t buf[256];
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp_key_t k = kvp_key_str(name ? name : "x");
+    kvp__wire_req_encode(&w, op, req_id, 1000, key, name ? &k : NULL, name ? 1 : 0, name ? &cap : NULL);
+    ASSERT(!w.err);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 0, NULL, 0);
+    kvp__mpw_free(&w);
+}
+
+/* HELLO: the arena the server offers (0 if none). */
+static int raw_hello(int fd, uint64_t key, kvp__arena_info_t *ai)
+{
+    raw_request(fd, KVP_WOP_HELLO, 1, key, NULL, 0);
+    raw_reply_t r;
+    ASSERT_EQ(raw_reply(fd, &r), 1);
+    ASSERT_EQ(r.rep.op, KVP_WOP_HELLO);
+    ASSERT_OK(r.rep.status);
+    /* fields: protocol, max_batch, max_value, arena */
+    (void)kvp__mpr_uint(&r.rep.body);
+    (void)kvp__mpr_uint(&r.rep.body);
+    (void)kvp__mpr_uint(&r.rep.body);
+    int has = !kvp__mpr_nil(&r.rep.body);
+    if (has) {
+        ASSERT_EQ(kvp__mpr_array(&r.rep.body, 8), 6);
+        ai->pid = kvp__mpr_uint(&r.rep.body);
+        ai->fd = kvp__mpr_uint(&r.rep.body);
+        ai->size = kvp__mpr_uint(&r.rep.body);
+        ai->dev = kvp__mpr_uint(&r.rep.body);
+        ai->ino = kvp__mpr_uint(&r.rep.body);
+        ai->populated = kvp__mpr_uint(&r.rep.body) != 0;
+    }
+    ASSERT(kvp__mpr_ok(&r.rep.body));
+    free(r.hdr);
+    return has;
+}
+
+/* GET_LOCAL of one key: its status, and its size and offset if found. */
+static kvp_status_t raw_get_local(int fd, uint64_t key, uint64_t req_id, const char *name, uint64_t cap,
+                                  uint64_t *size_p, uint64_t *off_p)
+{
+    raw_request(fd, KVP_WOP_GET_LOCAL, req_id, key, name, cap);
+    raw_reply_t r;
+    ASSERT_EQ(raw_reply(fd, &r), 1);
+    ASSERT_EQ(r.rep.op, KVP_WOP_GET_LOCAL);
+    ASSERT_EQ(r.rep.req_id, req_id);
+    kvp_status_t st = r.rep.status;
+    if (st == KVP_OK) {
+        ASSERT_EQ(kvp__mpr_array(&r.rep.body, 8), 1);
+        ASSERT_EQ(kvp__mpr_array(&r.rep.body, 8), 3);
+        st = (kvp_status_t)kvp__mpr_int(&r.rep.body);
+        *size_p = kvp__mpr_uint(&r.rep.body);
+        *off_p = kvp__mpr_uint(&r.rep.body);
+        ASSERT(kvp__mpr_done(&r.rep.body));
+    }
+    free(r.hdr);
+    return st;
+}
+
+static void put_value(kvp_pool_t *p, const char *name, size_t size, uint8_t seed)
+{
+    uint8_t *v = malloc(size);
+    pattern(v, size, seed);
+    kvp_key_t k = kvp_key_str(name);
+    kvp_iov_t iov = {v, size};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t r;
+    ASSERT_OK(kvp_pool_put(p, &k, &sgl, 1, &r));
+    ASSERT_OK(r.status);
+    free(v);
+}
+
+static int matches(const uint8_t *p, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (uint8_t)(seed + i * 7))
+            return 0;
+    return 1;
+}
+
+TEST(test_server_local_reads_lease_keeps_bytes_until_release)
+{
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "8MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(lane_uri(&s)); /* (its own gets stay off the arena) */
+    const size_t sz = 1u << 20;
+    put_value(p, "held", sz, 42);
+    uint64_t key;
+    int fd = lane_raw_connect(s.port, &key);
+    kvp__arena_info_t ai;
+    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    ASSERT_EQ(ai.pid, (uint64_t)s.pid);
+    kvp__lmap_t *m = NULL;
+    ASSERT_OK(kvp__lmap_get(&ai, &m));
+    uint64_t size = 0, off = 0;
+    ASSERT_OK(raw_get_local(fd, key, 7, "held", sz, &size, &off));
+    ASSERT_EQ(size, sz);
+    ASSERT(off + size <= kvp__lmap_size(m));
+    const uint8_t *v = kvp__lmap_base(m) + off;
+    ASSERT(matches(v, sz, 42));
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 1);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leased_bytes"), (double)sz);
+
+    /* Removed, then 16 MiB more into the 8 MiB arena: its space is not
+     * reused while the lease lasts. */
+    kvp_key_t hk = kvp_key_str("held");
+    kvp_key_result_t rr;
+    ASSERT_OK(kvp_pool_remove(p, &hk, 1, &rr));
+    ASSERT_OK(rr.status);
+    for (int i = 0; i < 16; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "fill-%d", i);
+        put_value(p, name, sz, (uint8_t)(100 + i));
+    }
+    kvp_pool_stats_t st;
+    ASSERT_OK(kvp_pool_stats(p, &st));
+    ASSERT(st.evicted > 0);
+    ASSERT_MSG(matches(v, sz, 42), "a leased value was overwritten");
+
+    /* RELEASE is never answered: the next frame is the next HELLO's reply;
+     * an unknown id is counted as a bad request, the connection lives on. */
+    raw_request(fd, KVP_WOP_RELEASE, 7, key, NULL, 0);
+    raw_request(fd, KVP_WOP_RELEASE, 999, key, NULL, 0);
+    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 0);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leased_bytes"), 0);
+    ASSERT_EQ(metric_now(&s, "kvpool_bad_requests_total"), 1); /* the unknown id */
+
+    /* ... and once released, the space is used again. */
+    for (int i = 16; i < 40 && matches(v, sz, 42); i++) {
+        char name[16];
+        snprintf(name, sizeof name, "fill-%d", i);
+        put_value(p, name, sz, (uint8_t)(100 + i));
+    }
+    ASSERT_MSG(!matches(v, sz, 42), "the released space was never reused");
+    kvp__lmap_put(m);
+    close(fd);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+TEST(test_server_local_reads_leases_end_with_the_connection)
+{
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "8MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(lane_uri(&s));
+    put_value(p, "k", 200000, 1);
+    uint64_t key, size, off;
+    kvp__arena_info_t ai;
+
+    /* The client closes its socket: every lease it held ends. */
+    int fd = lane_raw_connect(s.port, &key);
+    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    for (uint64_t id = 10; id < 13; id++)
+        ASSERT_OK(raw_get_local(fd, key, id, "k", 200000, &size, &off));
+    ASSERT_EQ(raw_get_local(fd, key, 13, "nope", 200000, &size, &off), KVP_ERR_NOT_FOUND);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 3);
+    close(fd);
+    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+
+    /* The server drops a connection whose client is alive (here for a
+     * frame that breaks the protocol): the client sees the end of the
+     * stream, and the leases last until it closes its side. */
+    fd = lane_raw_connect(s.port, &key);
+    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    ASSERT_OK(raw_get_local(fd, key, 20, "k", 200000, &size, &off));
+    char junk[8] = {0};
+    lane_raw_frame(fd, NULL, 0, sizeof junk, junk, sizeof junk); /* data without a header */
+    uint32_t op;
+    kvp_status_t rst;
+    ASSERT_EQ(lane_raw_next(fd, &op, &rst), 0); /* end of stream */
+    sleep_ms(200);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 1);
+    kvp_key_t k = kvp_key_str("k");
+    kvp_key_result_t rr;
+    ASSERT_OK(kvp_pool_remove(p, &k, 1, &rr)); /* others are served meanwhile */
+    ASSERT_OK(rr.status);
+    close(fd);
+    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+TEST(test_server_local_reads_refused_past_the_cap)
+{
+    /* A client that never releases gets KVP_ERR_BUSY past 4096 held reads. */
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "8MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(lane_uri(&s));
+    put_value(p, "k", 1000, 1);
+    uint64_t key, size, off;
+    kvp__arena_info_t ai;
+    int fd = lane_raw_connect(s.port, &key);
+    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    for (uint64_t id = 1; id <= 4096; id++)
+        ASSERT_OK(raw_get_local(fd, key, id, "k", 1000, &size, &off));
+    ASSERT_EQ(raw_get_local(fd, key, 5000, "k", 1000, &size, &off), KVP_ERR_BUSY);
+    raw_request(fd, KVP_WOP_RELEASE, 4096, key, NULL, 0);
+    ASSERT_OK(raw_get_local(fd, key, 5001, "k", 1000, &size, &off));
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 4096);
+    close(fd);
+    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+TEST(test_server_local_reads_switched_off)
+{
+    /* Server side: --no-local-reads offers no arena; gets go over UCX. */
+    server_t s = {0};
+    s.metrics_port = free_port();
+    s.extra = "--no-local-reads";
+    server_start(&s, "8MiB", 0, NULL);
+    uint64_t key;
+    kvp__arena_info_t ai;
+    int fd = lane_raw_connect(s.port, &key);
+    ASSERT_EQ(raw_hello(fd, key, &ai), 0);
+    uint64_t size, off;
+    ASSERT_EQ(raw_get_local(fd, key, 3, "k", 1000, &size, &off), KVP_ERR_PROTOCOL);
+    close(fd);
+    kvp_pool_t *p = open_ok(s.uri);
+    put_value(p, "big", 1u << 20, 5);
+    ASSERT_EQ(check_pattern(p, "big", 1u << 20, 5), 1);
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), 1); /* the raw one */
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get\"}"), 1);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+
+    /* Client side: local_reads=off; a bad value is refused at open. */
+    server_t t = {0};
+    t.metrics_port = free_port();
+    server_start(&t, "8MiB", 0, NULL);
+    char uri[200];
+    snprintf(uri, sizeof uri, "%s&local_reads=off", t.uri);
+    p = open_ok(uri);
+    put_value(p, "big", 1u << 20, 6);
+    ASSERT_EQ(check_pattern(p, "big", 1u << 20, 6), 1);
+    ASSERT_EQ(metric_now(&t, "kvpool_requests_total{op=\"get_local\"}"), 0);
+    kvp_pool_close(p);
+    snprintf(uri, sizeof uri, "%s&local_reads=maybe", t.uri);
+    kvp_pool_t *bad = NULL;
+    ASSERT_EQ(kvp_pool_open(uri, &bad), KVP_ERR_BAD_OPTION);
+    ASSERT_EQ(server_stop(&t, SIGTERM), 0);
+}
+
+TEST(test_server_local_reads_client_killed_while_reading)
+{
+    /* A process doing local reads in a loop is killed: its leases end with
+     * its socket, and the server serves on. */
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri);
+    for (int i = 0; i < 8; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "v%d", i);
+        put_value(p, name, 1u << 20, (uint8_t)i);
+    }
+    for (int round = 0; round < 3; round++) {
+        pid_t c = fork();
+        ASSERT(c >= 0);
+        if (c == 0) {
+            kvp_pool_t *cp = NULL;
+            if (kvp_pool_open(s.uri, &cp) != KVP_OK)
+                _exit(2);
+            for (uint64_t i = 0;; i++) {
+                char name[16];
+                snprintf(name, sizeof name, "v%d", (int)(i % 8));
+                if (check_pattern(cp, name, 1u << 20, (uint8_t)(i % 8)) != 1)
+                    _exit(3);
+            }
+        }
+        sleep_ms(150 + round * 70);
+        kill(c, SIGKILL);
+        int st;
+        waitpid(c, &st, 0);
+        ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+        ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+        ASSERT_EQ(check_pattern(p, "v3", 1u << 20, 3), 1);
+    }
+    ASSERT(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}") > 10);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+TEST_LIST(T(test_local_read_pcopy_every_byte_in_place), T(test_local_read_pcopy_concurrent_callers),
+          T(test_local_read_map_checks_the_file), T(test_server_local_reads_values_match),
+          T(test_server_local_reads_lease_keeps_bytes_until_release),
+          T(test_server_local_reads_leases_end_with_the_connection),
+          T(test_server_local_reads_refused_past_the_cap), T(test_server_local_reads_switched_off),
+          T(test_server_local_reads_client_killed_while_reading))
