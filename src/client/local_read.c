@@ -3,8 +3,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -15,13 +13,11 @@
 #endif
 
 #include "common/alloc.h"
-#include "common/clock.h"
 #include "common/log.h"
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-#define POPULATE_CHUNK (2u << 20)
+/* Arenas up to this size have their pages mapped in when they are mapped
+ * (see map_arena). */
+#define POPULATE_MAX (4ull << 30)
 
 struct kvp__lmap {
     struct kvp__lmap *next;      /* the process's mappings */
@@ -29,26 +25,12 @@ struct kvp__lmap {
     const uint8_t *base;
     uint64_t size;
     uint64_t refs;               /* under g_mu */
-    uint64_t populated_to;       /* the helper's progress mapping pages in */
-    struct kvp__lmap *pop_next;  /* waiting to be mapped in (holds a reference) */
 };
 
-/* The copy helper's one job: bytes [from, to) of the segments' concatenation. */
-enum { JOB_IDLE, JOB_POSTED, JOB_TAKEN, JOB_DONE };
-
 static struct {
-    pthread_mutex_t mu;          /* the mappings, the populate queue, sleeping */
-    pthread_cond_t cv;
+    pthread_mutex_t mu;          /* the mappings */
     kvp__lmap_t *maps;
-    kvp__lmap_t *pop;            /* mappings to map in ahead of use */
-    int helper;                  /* 1 running, -1 none (one core, or it could not start) */
-    int sleeping;
-    _Atomic int owner;           /* a caller holds the job slot */
-    _Atomic int job;
-    const kvp__cpseg_t *segs;
-    uint32_t n;
-    size_t from, to;
-} g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- copying ---- */
 
@@ -88,128 +70,17 @@ static void copy_stream(void *dst, const void *src, size_t len)
 #endif
 }
 
-static void copy_range(const kvp__cpseg_t *segs, uint32_t n, size_t from, size_t to)
-{
-    size_t pos = 0;
-    for (uint32_t i = 0; i < n && pos < to; i++) {
-        size_t a = pos, b = pos + segs[i].len;
-        pos = b;
-        if (b <= from)
-            continue;
-        size_t lo = a < from ? from - a : 0;
-        size_t hi = (b < to ? b : to) - a;
-        copy_stream((char *)segs[i].dst + lo, (const char *)segs[i].src + lo, hi - lo);
-    }
-}
-
-/* Maps the next chunk of the first queued mapping in (helper, g_mu held
- * on entry and exit).  Returns 1 if there was one. */
-static int populate_step(void)
-{
-    kvp__lmap_t *m = g.pop;
-    if (!m)
-        return 0;
-    uint64_t off = m->populated_to;
-    uint64_t len = m->size - off < POPULATE_CHUNK ? m->size - off : POPULATE_CHUNK;
-    m->populated_to = off + len;
-    int last = m->populated_to >= m->size;
-    if (last)
-        g.pop = m->pop_next;
-    pthread_mutex_unlock(&g.mu);
-    if (len && madvise((void *)(m->base + off), len, MADV_POPULATE_READ) != 0) {
-        long pg = sysconf(_SC_PAGESIZE); /* kernels before 5.14: touch each page */
-        for (uint64_t o = 0; o < len; o += (uint64_t)pg)
-            (void)*(volatile const uint8_t *)(m->base + off + o);
-    }
-    if (last)
-        kvp__lmap_put(m);
-    pthread_mutex_lock(&g.mu);
-    return 1;
-}
-
-static void *helper_main(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        int want = JOB_POSTED;
-        if (atomic_compare_exchange_strong(&g.job, &want, JOB_TAKEN)) {
-            copy_range(g.segs, g.n, g.from, g.to);
-            atomic_store(&g.job, JOB_DONE);
-            continue;
-        }
-        /* A short spin catches back-to-back gets without a wake-up. */
-        uint64_t until = kvp__now_ns() + 20000;
-        while (atomic_load(&g.job) != JOB_POSTED && kvp__now_ns() < until)
-            sched_yield();
-        if (atomic_load(&g.job) == JOB_POSTED)
-            continue;
-        pthread_mutex_lock(&g.mu);
-        if (!populate_step()) {
-            g.sleeping = 1;
-            while (atomic_load(&g.job) != JOB_POSTED && !g.pop)
-                pthread_cond_wait(&g.cv, &g.mu);
-            g.sleeping = 0;
-        }
-        pthread_mutex_unlock(&g.mu);
-    }
-    return NULL;
-}
-
-/* Starts the helper once, where there is a second core for it (g_mu held). */
-static int helper_ready(void)
-{
-    if (g.helper)
-        return g.helper > 0;
-    cpu_set_t cs;
-    g.helper = -1;
-    if (sched_getaffinity(0, sizeof cs, &cs) != 0 || CPU_COUNT(&cs) < 2)
-        return 0;
-    pthread_attr_t at;
-    pthread_t t;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &at, helper_main, NULL) == 0)
-        g.helper = 1;
-    pthread_attr_destroy(&at);
-    return g.helper > 0;
-}
-
-void kvp__pcopy(const kvp__cpseg_t *segs, uint32_t n)
+void kvp__lread_copy(const kvp__cpseg_t *segs, uint32_t n)
 {
     size_t total = 0;
     for (uint32_t i = 0; i < n; i++)
         total += segs[i].len;
-    int idle = 0;
-    if (total < KVP_PCOPY_MIN) {
-        for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
+        if (total >= KVP_STREAM_MIN)
+            copy_stream(segs[i].dst, segs[i].src, segs[i].len);
+        else
             memcpy(segs[i].dst, segs[i].src, segs[i].len);
-        return;
     }
-    if (g.helper <= 0 || !atomic_compare_exchange_strong(&g.owner, &idle, 1)) {
-        copy_range(segs, n, 0, total); /* no helper, or it is busy for another caller */
-        return;
-    }
-    size_t half = (total / 2) & ~(size_t)63;
-    g.segs = segs;
-    g.n = n;
-    g.from = half;
-    g.to = total;
-    atomic_store(&g.job, JOB_POSTED);
-    pthread_mutex_lock(&g.mu);
-    if (g.sleeping)
-        pthread_cond_signal(&g.cv);
-    pthread_mutex_unlock(&g.mu);
-    copy_range(segs, n, 0, half);
-    int posted = JOB_POSTED;
-    if (atomic_compare_exchange_strong(&g.job, &posted, JOB_IDLE)) {
-        copy_range(segs, n, half, total); /* the helper never got to it: take it back */
-    } else {
-        for (unsigned spins = 0; atomic_load(&g.job) != JOB_DONE; spins++)
-            if (spins > 1000)
-                sched_yield();
-        atomic_store(&g.job, JOB_IDLE);
-    }
-    atomic_store(&g.owner, 0);
 }
 
 /* ---- mappings ---- */
@@ -247,7 +118,12 @@ static const uint8_t *map_arena(const kvp__arena_info_t *ai)
         close(fd);
         return NULL;
     }
-    void *p = mmap(NULL, (size_t)ai->size, PROT_READ, MAP_SHARED, fd, 0);
+    /* The page tables are filled now, once per process, where that is
+     * cheap enough (about 0.1 s per GiB): faulting them in during the
+     * copies costs about as much as the copies (docs/transport.md §9).
+     * Only where the server has allocated every page anyway. */
+    int populate = ai->populated && ai->size <= POPULATE_MAX;
+    void *p = mmap(NULL, (size_t)ai->size, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
         kvp_warn("local reads: cannot map the server's arena (%llu bytes): %s; reading over UCX",
@@ -283,19 +159,6 @@ kvp_status_t kvp__lmap_get(const kvp__arena_info_t *ai, kvp__lmap_t **m_p)
     pthread_mutex_lock(&g.mu);
     m->next = g.maps;
     g.maps = m;
-    /* Map its pages in ahead of the first reads (page faults would cost
-     * about a third of a copy), on the helper, only where the server has
-     * allocated them all anyway. */
-    if (ai->populated && helper_ready()) {
-        m->refs++;
-        kvp__lmap_t **pp = &g.pop;
-        while (*pp)
-            pp = &(*pp)->pop_next;
-        *pp = m;
-        pthread_cond_signal(&g.cv);
-    } else {
-        (void)helper_ready();
-    }
     pthread_mutex_unlock(&g.mu);
     kvp_info("local reads: mapped the server's arena (%llu bytes)", (unsigned long long)ai->size);
     *m_p = m;

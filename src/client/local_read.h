@@ -3,8 +3,8 @@
  * memfd, read-only) and copies get values out of it itself, instead of
  * having UCX move them (docs/transport.md §9).  This module owns the
  * process's mappings (one per server arena, shared by every handle that
- * reaches that server) and the copy helper: one thread that takes half of
- * each large copy, so a get's single copy runs on two cores.
+ * reaches that server, its page tables filled when it is mapped) and the
+ * copy itself (streaming stores for large values).
  *
  * Safety: the server leases every value it names in a GET_LOCAL reply until
  * the client releases it or the connection's socket closes, so the bytes
@@ -47,9 +47,9 @@ typedef struct kvp__cpseg {
     size_t len;
 } kvp__cpseg_t;
 
-/* Copies every segment; from KVP_PCOPY_MIN bytes on, the copy helper takes
- * the second half (when it is free and the machine has two cores). */
-#define KVP_PCOPY_MIN (256u * 1024u)
-void kvp__pcopy(const kvp__cpseg_t *segs, uint32_t n);
+/* Copies every segment; from KVP_STREAM_MIN bytes in all on with
+ * streaming (non-temporal) stores. */
+#define KVP_STREAM_MIN (256u * 1024u)
+void kvp__lread_copy(const kvp__cpseg_t *segs, uint32_t n);
 
 #endif

@@ -9,8 +9,8 @@
  * Local reads (client/local_read.h).  Over UCX to a server on this host
  * whose arena this process can map, a get of at least LOCAL_MIN bytes of
  * capacity goes as GET_LOCAL: the reply names each value's offset in the
- * arena, the values are copied out of the mapping (the copy split over two
- * cores), then a RELEASE ends the server's leases.  The copy holds the
+ * arena, the values are copied out of the mapping (streaming stores), then
+ * a RELEASE ends the server's leases.  The copy holds the
  * connection like a sender does, so its socket (whose close would end the
  * leases) stays open until the copy is done.
  *
@@ -187,8 +187,9 @@ enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
 #define LANE_SINK 65536u
 #define LANE_IOV_MAX 64
 /* A get with less capacity than this goes over UCX even when local reads
- * are possible (the RELEASE message costs more than the copy saves). */
-#define LOCAL_MIN (64u * 1024u)
+ * are possible (the RELEASE message costs as much as the copy saves;
+ * docs/transport.md §9). */
+#define LOCAL_MIN (16u * 1024u)
 /* GET_LOCAL requests one connection keeps in flight at most (the server
  * refuses more than 4096 unreleased ones); beyond it gets go over UCX. */
 #define LOCAL_INFLIGHT_MAX 1024u
@@ -666,7 +667,7 @@ static void local_finish(remote_t *r, pending_t *p, kvp_status_t st)
     p->copying = 1;
     pthread_mutex_unlock(&r->mu);
     if (held)
-        kvp__pcopy(p->segs, p->nsegs);
+        kvp__lread_copy(p->segs, p->nsegs);
     if (release)
         post_release(r, gen, id);
     pthread_mutex_lock(&r->mu);

@@ -1496,8 +1496,8 @@ static void loop(server_t *s)
             did = 1;
         uint64_t now = kvp__now_ns();
         /* Keep polling 50 us after activity: lower latency.  Not after
-         * answering a local read: its client is busy copying (on both
-         * cores) and sends nothing until it is done. */
+         * answering a local read: its client is busy copying and sends
+         * nothing until it is done. */
         if (did && !s->local_replied)
             spin_until = now + 50000;
         s->local_replied = 0;

@@ -6,7 +6,7 @@
  * or until the connection's socket closes (also when the server drops the
  * connection while its client may still be reading); a client that never
  * releases is refused; the feature switches off on either side.  And the
- * copy helper and the arena mapping on their own.
+ * copy and the arena mapping on their own.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,7 +17,7 @@
 #include "common/mp.h"
 #include "server_harness.h"
 
-/* ---- the copy helper and the mapping, without a server ---- */
+/* ---- the copy and the mapping, without a server ---- */
 
 static void fill(uint8_t *p, size_t n, uint32_t seed)
 {
@@ -28,7 +28,7 @@ static void fill(uint8_t *p, size_t n, uint32_t seed)
 /* Copies nseg segments of the given lengths from odd offsets of src into
  * odd offsets of dst, and checks every byte (and that nothing around them
  * was written). */
-static void pcopy_check(const size_t *lens, uint32_t nseg, uint32_t seed)
+static void copy_check(const size_t *lens, uint32_t nseg, uint32_t seed)
 {
     size_t total = 0;
     for (uint32_t i = 0; i < nseg; i++)
@@ -43,7 +43,7 @@ static void pcopy_check(const size_t *lens, uint32_t nseg, uint32_t seed)
         segs[i] = (kvp__cpseg_t){dst + d, src + so, lens[i]};
         off += lens[i] + 64;
     }
-    kvp__pcopy(segs, nseg);
+    kvp__lread_copy(segs, nseg);
     off = 0;
     for (uint32_t i = 0; i < nseg; i++) {
         size_t so = off + (seed + i) % 61, d = off + (seed * 3 + i) % 59;
@@ -58,38 +58,38 @@ static void pcopy_check(const size_t *lens, uint32_t nseg, uint32_t seed)
     free(dst);
 }
 
-TEST(test_local_read_pcopy_every_byte_in_place)
+TEST(test_local_read_copy_every_byte_in_place)
 {
     const size_t one_small[] = {100};
     const size_t one_large[] = {(1u << 20) + 13};
     const size_t many[] = {3, 70000, 1, 300001, 0, 4095, 513 * 1024, 17};
-    const size_t at_min[] = {KVP_PCOPY_MIN - 1, 1};
-    pcopy_check(one_small, 1, 1);
-    pcopy_check(one_large, 1, 2);
-    pcopy_check(many, 8, 3);
-    pcopy_check(at_min, 2, 4);
-    for (uint32_t s = 5; s < 25; s++) { /* split points across odd boundaries */
-        size_t l[3] = {KVP_PCOPY_MIN / 3 + s * 101, KVP_PCOPY_MIN / 3 + s * 7, s * 977};
-        pcopy_check(l, 3, s);
+    const size_t at_min[] = {KVP_STREAM_MIN - 1, 1};
+    copy_check(one_small, 1, 1);
+    copy_check(one_large, 1, 2);
+    copy_check(many, 8, 3);
+    copy_check(at_min, 2, 4);
+    for (uint32_t s = 5; s < 25; s++) { /* odd lengths and alignments around the streaming size */
+        size_t l[3] = {KVP_STREAM_MIN / 3 + s * 101, KVP_STREAM_MIN / 3 + s * 7, s * 977};
+        copy_check(l, 3, s);
     }
 }
 
-static void *pcopy_thread(void *arg)
+static void *copy_thread(void *arg)
 {
     uint32_t seed = (uint32_t)(uintptr_t)arg;
     for (uint32_t i = 0; i < 30; i++) {
         size_t l[2] = {(600u << 10) + i * 33 + seed, (200u << 10) + seed};
-        pcopy_check(l, 2, seed * 100 + i);
+        copy_check(l, 2, seed * 100 + i);
     }
     return NULL;
 }
 
-TEST(test_local_read_pcopy_concurrent_callers)
+TEST(test_local_read_copy_concurrent_callers)
 {
-    /* Callers racing for the one helper: each copy is still whole. */
+    /* Streaming copies from several threads at once: each is whole. */
     pthread_t t[4];
     for (uintptr_t i = 0; i < 4; i++)
-        ASSERT_EQ(pthread_create(&t[i], NULL, pcopy_thread, (void *)(i + 1)), 0);
+        ASSERT_EQ(pthread_create(&t[i], NULL, copy_thread, (void *)(i + 1)), 0);
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
 }
@@ -217,7 +217,7 @@ TEST(test_server_local_reads_values_match)
             ASSERT_EQ(buf[sizes[i] + 3], 0);
             free(buf);
         }
-    /* 5 of the 6 single gets had 64 KiB of room or more, on p only */
+    /* 5 of the 6 single gets had 16 KiB of room or more, on p only */
     ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), before + 5);
 
     /* a batch: values scattered over three pieces each, a missing key, a
@@ -590,7 +590,7 @@ TEST(test_server_local_reads_client_killed_while_reading)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
-TEST_LIST(T(test_local_read_pcopy_every_byte_in_place), T(test_local_read_pcopy_concurrent_callers),
+TEST_LIST(T(test_local_read_copy_every_byte_in_place), T(test_local_read_copy_concurrent_callers),
           T(test_local_read_map_checks_the_file), T(test_server_local_reads_values_match),
           T(test_server_local_reads_lease_keeps_bytes_until_release),
           T(test_server_local_reads_leases_end_with_the_connection),
