@@ -28,9 +28,10 @@ struct kvp__lmap {
 };
 
 static struct {
-    pthread_mutex_t mu;          /* the mappings */
+    pthread_mutex_t mu;          /* the list of mappings, their references */
+    pthread_mutex_t map_mu;      /* one mapping made at a time */
     kvp__lmap_t *maps;
-} g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER, .map_mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- copying ---- */
 
@@ -133,34 +134,49 @@ static const uint8_t *map_arena(const kvp__arena_info_t *ai)
     return p;
 }
 
+/* Takes a reference on this process's mapping of ai, if there is one. */
+static kvp__lmap_t *lmap_find(const kvp__arena_info_t *ai)
+{
+    pthread_mutex_lock(&g.mu);
+    kvp__lmap_t *m = g.maps;
+    while (m && !kvp__lmap_is(m, ai))
+        m = m->next;
+    if (m)
+        m->refs++;
+    pthread_mutex_unlock(&g.mu);
+    return m;
+}
+
 kvp_status_t kvp__lmap_get(const kvp__arena_info_t *ai, kvp__lmap_t **m_p)
 {
-    *m_p = NULL;
-    pthread_mutex_lock(&g.mu);
-    for (kvp__lmap_t *m = g.maps; m; m = m->next)
-        if (kvp__lmap_is(m, ai)) {
-            m->refs++;
-            *m_p = m;
-            pthread_mutex_unlock(&g.mu);
-            return KVP_OK;
-        }
-    pthread_mutex_unlock(&g.mu);
-    const uint8_t *base = map_arena(ai);
-    kvp__lmap_t *m = base ? kvp__calloc(1, sizeof *m) : NULL;
+    *m_p = lmap_find(ai);
+    if (*m_p)
+        return KVP_OK;
+    /* One mapping per arena: handles connecting at once wait for the
+     * first to map it (and fill its page tables) rather than all doing
+     * so; lookups and releases (g.mu) never wait for that. */
+    pthread_mutex_lock(&g.map_mu);
+    kvp__lmap_t *m = lmap_find(ai);
     if (!m) {
-        if (base)
-            munmap((void *)base, (size_t)ai->size);
-        return base ? KVP_ERR_NO_MEMORY : KVP_ERR_UNSUPPORTED;
+        const uint8_t *base = map_arena(ai);
+        m = base ? kvp__calloc(1, sizeof *m) : NULL;
+        if (!m) {
+            pthread_mutex_unlock(&g.map_mu);
+            if (base)
+                munmap((void *)base, (size_t)ai->size);
+            return base ? KVP_ERR_NO_MEMORY : KVP_ERR_UNSUPPORTED;
+        }
+        m->ai = *ai;
+        m->base = base;
+        m->size = ai->size;
+        m->refs = 1;
+        pthread_mutex_lock(&g.mu);
+        m->next = g.maps;
+        g.maps = m;
+        pthread_mutex_unlock(&g.mu);
+        kvp_info("local reads: mapped the server's arena (%llu bytes)", (unsigned long long)ai->size);
     }
-    m->ai = *ai;
-    m->base = base;
-    m->size = ai->size;
-    m->refs = 1;
-    pthread_mutex_lock(&g.mu);
-    m->next = g.maps;
-    g.maps = m;
-    pthread_mutex_unlock(&g.mu);
-    kvp_info("local reads: mapped the server's arena (%llu bytes)", (unsigned long long)ai->size);
+    pthread_mutex_unlock(&g.map_mu);
     *m_p = m;
     return KVP_OK;
 }

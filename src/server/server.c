@@ -1376,17 +1376,23 @@ static kvp_status_t start_listener(server_t *s)
     s->p.port = ntohs(sa.sin_port);
     s->listen_src = (evsrc_t){SRC_LISTEN, fd};
     kvp_info("server: listening on %s:%u", s->p.host, s->p.port);
-    if (s->p.port_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", s->p.port_file);
-        FILE *f = fopen(tmp, "w");
-        if (f) {
-            fprintf(f, "%u\n", s->p.port);
-            fclose(f);
-            rename(tmp, s->p.port_file);
-        }
-    }
     return KVP_OK;
+}
+
+/* Writes the bound port to --port-file (atomically), once everything the
+ * server serves is up: the file's appearance means ready. */
+static void write_port_file(const server_t *s)
+{
+    if (!s->p.port_file)
+        return;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", s->p.port_file);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "%u\n", s->p.port);
+        fclose(f);
+        rename(tmp, s->p.port_file);
+    }
 }
 
 static void add_fd(server_t *s, evsrc_t *src, src_kind_t kind, int fd)
@@ -1627,6 +1633,7 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     add_fd(s, &s->worker_src, SRC_WORKER, wfd);
     struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &s->listen_src};
     epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_src.fd, &lev);
+    write_port_file(s);
     kvp_info("server: ready (arena %llu bytes, UCX transports %s, token %s)",
              (unsigned long long)params->memory, kvp__ucx_transports(s->ctx),
              params->token ? "required" : "none");

@@ -29,7 +29,10 @@ typedef struct {
     char dir[64];
     uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
     const char *extra;      /* set before server_start: one more server flag (e.g. --no-local-reads) */
+    int start_retries;
 } server_t;
+
+static inline uint16_t free_port(void);
 
 static inline void sleep_ms(int ms)
 {
@@ -101,7 +104,14 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         if (f)
             fclose(f);
         int st;
-        ASSERT_MSG(waitpid(s->pid, &st, WNOHANG) == 0, "server exited at start");
+        if (waitpid(s->pid, &st, WNOHANG) != 0) {
+            /* Its metrics port, free when picked, may have been taken
+             * since by another test: pick again (a few times). */
+            ASSERT_MSG(s->metrics_port && s->start_retries++ < 5, "server exited at start");
+            s->metrics_port = free_port();
+            server_start(s, memory, port, token);
+            return;
+        }
         sleep_ms(10);
     }
     ASSERT_MSG(0, "server did not start");

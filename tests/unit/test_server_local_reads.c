@@ -94,6 +94,18 @@ TEST(test_local_read_copy_concurrent_callers)
         pthread_join(t[i], NULL);
 }
 
+typedef struct {
+    const kvp__arena_info_t *ai;
+    kvp__lmap_t *m;
+} map_arg_t;
+
+static void *map_thread(void *arg)
+{
+    map_arg_t *a = arg;
+    ASSERT_OK(kvp__lmap_get(a->ai, &a->m));
+    return NULL;
+}
+
 TEST(test_local_read_map_checks_the_file)
 {
     size_t size = 4u << 20;
@@ -115,6 +127,24 @@ TEST(test_local_read_map_checks_the_file)
     ASSERT_EQ(kvp__lmap_base(m)[12345], w[12345]);
     ASSERT_OK(kvp__lmap_get(&ai, &m2)); /* one mapping per arena per process */
     ASSERT(m2 == m);
+    kvp__lmap_put(m2);
+    kvp__lmap_put(m);
+    /* ... also when handles connect at once (the first maps, the others
+     * wait for it) */
+    map_arg_t args[8];
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++) {
+        args[i] = (map_arg_t){&ai, NULL};
+        ASSERT_EQ(pthread_create(&t[i], NULL, map_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 1; i < 8; i++)
+        ASSERT(args[i].m == args[0].m);
+    for (int i = 1; i < 8; i++)
+        kvp__lmap_put(args[i].m);
+    m = m2 = args[0].m;
+    kvp__lmap_ref(m2);
     kvp__arena_info_t wrong = ai;
     wrong.ino++;
     ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
