@@ -241,9 +241,10 @@ static inline void lane_raw_frame(int fd, const void *hdr, uint32_t hlen, uint64
         (void)!send(fd, data, dlen, MSG_NOSIGNAL);
 }
 
-/* The next event on fd within 5 s: 1 = a reply frame (its op and status
- * returned), 0 = the server closed the connection. */
-static inline int lane_raw_next(int fd, uint32_t *op, kvp_status_t *status)
+/* The next frame on fd within 5 s: 1 = a reply (*hdr_p: its header,
+ * malloc'd, decoded into *rep; *data_p: the bytes of values that follow,
+ * still unread), 0 = the server closed the connection. */
+static inline int lane_raw_reply(int fd, uint8_t **hdr_p, kvp__wire_reply_t *rep, uint64_t *data_p)
 {
     struct pollfd pf = {.fd = fd, .events = POLLIN};
     ASSERT_MSG(poll(&pf, 1, 5000) == 1, "no answer and no close within 5 s");
@@ -253,14 +254,25 @@ static inline int lane_raw_next(int fd, uint32_t *op, kvp_status_t *status)
         return 0;
     ASSERT_EQ(k, (ssize_t)sizeof head);
     uint32_t hl;
-    uint64_t dl;
-    ASSERT_EQ(kvp__lane_head_decode(head, &hl, &dl), 0);
-    uint8_t *hdr = malloc(hl);
-    ASSERT_EQ(recv(fd, hdr, hl, MSG_WAITALL), (ssize_t)hl);
+    ASSERT_EQ(kvp__lane_head_decode(head, &hl, data_p), 0);
+    *hdr_p = malloc(hl);
+    ASSERT_EQ(recv(fd, *hdr_p, hl, MSG_WAITALL), (ssize_t)hl);
+    ASSERT_OK(kvp__wire_reply_decode(*hdr_p, hl, rep));
+    return 1;
+}
+
+/* The next event on fd within 5 s: 1 = a reply frame (its op and status
+ * returned, its values read and dropped), 0 = the server closed the
+ * connection. */
+static inline int lane_raw_next(int fd, uint32_t *op, kvp_status_t *status)
+{
+    uint8_t *hdr;
     kvp__wire_reply_t rep;
-    ASSERT_OK(kvp__wire_reply_decode(hdr, hl, &rep));
+    uint64_t dl;
+    if (!lane_raw_reply(fd, &hdr, &rep, &dl))
+        return 0;
     free(hdr);
-    for (uint64_t left = dl; left;) { /* values: not looked at */
+    for (uint64_t left = dl; left;) {
         char sink[4096];
         ssize_t r = recv(fd, sink, left < sizeof sink ? left : sizeof sink, 0);
         ASSERT(r > 0);

@@ -313,20 +313,10 @@ typedef struct {
 /* Reads the next reply frame (within 5 s); 0 if the server closed. */
 static int raw_reply(int fd, raw_reply_t *out)
 {
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    ASSERT_MSG(poll(&pf, 1, 5000) == 1, "no answer and no close within 5 s");
-    uint8_t head[KVP_LANE_HEAD];
-    ssize_t k = recv(fd, head, sizeof head, MSG_WAITALL);
-    if (k <= 0)
-        return 0;
-    ASSERT_EQ(k, (ssize_t)sizeof head);
-    uint32_t hl;
     uint64_t dl;
-    ASSERT_EQ(kvp__lane_head_decode(head, &hl, &dl), 0);
+    if (!lane_raw_reply(fd, &out->hdr, &out->rep, &dl))
+        return 0;
     ASSERT_EQ(dl, 0); /* no values in any reply here */
-    out->hdr = malloc(hl);
-    ASSERT_EQ(recv(fd, out->hdr, hl, MSG_WAITALL), (ssize_t)hl);
-    ASSERT_OK(kvp__wire_reply_decode(out->hdr, hl, &out->rep));
     return 1;
 }
 
@@ -404,6 +394,22 @@ static void put_value(kvp_pool_t *p, const char *name, size_t size, uint8_t seed
     free(v);
 }
 
+/* A server with metrics, a client on the TCP transport that stored one
+ * value (pattern 42), and a raw connection past its HELLO (returned; *key_p
+ * its key, *ai_p the arena HELLO named). */
+static int raw_start(server_t *s, kvp_pool_t **p_p, const char *name, size_t size, uint64_t *key_p,
+                     kvp__arena_info_t *ai_p)
+{
+    s->metrics_port = free_port();
+    server_start(s, "8MiB", 0, NULL);
+    *p_p = open_ok(lane_uri(s)); /* (its own gets stay off the arena) */
+    put_value(*p_p, name, size, 42);
+    int fd = lane_raw_connect(s->port, key_p);
+    ASSERT_EQ(raw_hello(fd, *key_p, ai_p), 1);
+    ASSERT_EQ(ai_p->pid, (uint64_t)s->pid);
+    return fd;
+}
+
 static int matches(const uint8_t *p, size_t n, uint8_t seed)
 {
     for (size_t i = 0; i < n; i++)
@@ -415,16 +421,11 @@ static int matches(const uint8_t *p, size_t n, uint8_t seed)
 TEST(test_server_local_reads_lease_keeps_bytes_until_release)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "8MiB", 0, NULL);
-    kvp_pool_t *p = open_ok(lane_uri(&s)); /* (its own gets stay off the arena) */
-    const size_t sz = 1u << 20;
-    put_value(p, "held", sz, 42);
+    kvp_pool_t *p;
     uint64_t key;
-    int fd = lane_raw_connect(s.port, &key);
+    const size_t sz = 1u << 20;
     kvp__arena_info_t ai;
-    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
-    ASSERT_EQ(ai.pid, (uint64_t)s.pid);
+    int fd = raw_start(&s, &p, "held", sz, &key, &ai);
     kvp__lmap_t *m = NULL;
     ASSERT_OK(kvp__lmap_get(&ai, &m));
     uint64_t size = 0, off = 0;
@@ -477,16 +478,12 @@ TEST(test_server_local_reads_lease_keeps_bytes_until_release)
 TEST(test_server_local_reads_leases_end_with_the_connection)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "8MiB", 0, NULL);
-    kvp_pool_t *p = open_ok(lane_uri(&s));
-    put_value(p, "k", 200000, 1);
+    kvp_pool_t *p;
     uint64_t key, size, off;
     kvp__arena_info_t ai;
 
     /* The client closes its socket: every lease it held ends. */
-    int fd = lane_raw_connect(s.port, &key);
-    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    int fd = raw_start(&s, &p, "k", 200000, &key, &ai);
     for (uint64_t id = 10; id < 13; id++)
         ASSERT_OK(raw_get_local(fd, key, id, "k", 200000, &size, &off));
     ASSERT_EQ(raw_get_local(fd, key, 13, "nope", 200000, &size, &off), KVP_ERR_NOT_FOUND);
@@ -521,14 +518,10 @@ TEST(test_server_local_reads_refused_past_the_cap)
 {
     /* A client that never releases gets KVP_ERR_BUSY past 4096 held reads. */
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "8MiB", 0, NULL);
-    kvp_pool_t *p = open_ok(lane_uri(&s));
-    put_value(p, "k", 1000, 1);
+    kvp_pool_t *p;
     uint64_t key, size, off;
     kvp__arena_info_t ai;
-    int fd = lane_raw_connect(s.port, &key);
-    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    int fd = raw_start(&s, &p, "k", 1000, &key, &ai);
     for (uint64_t id = 1; id <= 4096; id++)
         ASSERT_OK(raw_get_local(fd, key, id, "k", 1000, &size, &off));
     ASSERT_EQ(raw_get_local(fd, key, 5000, "k", 1000, &size, &off), KVP_ERR_BUSY);
