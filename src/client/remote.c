@@ -386,6 +386,26 @@ static void on_send_done(void *request, ucs_status_t status, void *user_data)
         ucp_request_free(request);
 }
 
+/* The receive of request id's values ended (mu held; unlocks): st, if
+ * not OK, is its status unless it already failed otherwise. */
+static void do_recv_end(remote_t *r, uint64_t id, kvp_status_t st)
+{
+    pending_t *p = do_find(r, id);
+    opctx_t *f = NULL;
+    if (p) {
+        if (p->recv_active) {
+            p->recv_active = 0;
+            r->recv_active--;
+        }
+        if (st != KVP_OK && p->status == KVP_OK)
+            p->status = st;
+        p->reply_done = 1;
+        f = do_maybe_done(r, p);
+    }
+    pthread_mutex_unlock(&r->mu);
+    fire(f);
+}
+
 static void on_recv_done(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     (void)length;
@@ -394,97 +414,72 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
     uint64_t id = a->id;
     pthread_mutex_lock(&r->mu);
     do_cb_put(r, a);
-    pending_t *p = do_find(r, id);
-    opctx_t *f = NULL;
-    if (p) {
-        if (p->recv_active) {
-            p->recv_active = 0;
-            r->recv_active--;
-        }
-        if (status != UCS_OK && p->status == KVP_OK)
-            p->status = KVP_ERR_CONN_LOST;
-        p->reply_done = 1;
-        f = do_maybe_done(r, p);
-    }
-    pthread_mutex_unlock(&r->mu);
-    fire(f);
+    do_recv_end(r, id, status == UCS_OK ? KVP_OK : KVP_ERR_CONN_LOST);
     if (request)
         ucp_request_free(request);
 }
 
 
 /* GET_LOCAL's fields: n [status, size, offset].  Builds p->segs, the
- * copies from the mapped arena into the caller's buffers, after checking
- * every range against the mapping and the buffers. */
+ * copies from the mapped arena into the caller's buffers, checking every
+ * range against the mapping and the buffers.  A reply that breaks the
+ * protocol is still released (the server may hold leases for it). */
 static kvp_status_t do_parse_local(pending_t *p, kvp__mpr_t *b)
 {
     kvp_op_t *op = p->op;
     uint32_t n = kvp__mpr_array(b, KVP_BATCH_MAX);
     if (b->err || n != p->cnt || !p->lmap)
-        return KVP_ERR_PROTOCOL;
+        goto bad;
     kvp_key_result_t *results = op->results + p->off;
     const kvp_sgl_t *values = op->values + p->off;
-    uint64_t *offs = kvp__malloc((n ? n : 1) * sizeof *offs);
-    if (!offs)
-        return KVP_ERR_NO_MEMORY;
-    kvp_status_t st = KVP_OK;
-    uint32_t ns = 0;
-    for (uint32_t i = 0; i < n && st == KVP_OK; i++) {
-        if (kvp__mpr_array(b, 3) != 3) {
-            st = KVP_ERR_PROTOCOL;
-            break;
+    uint32_t most = 0; /* segments, at most one per non-empty buffer piece */
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < values[i].iovcnt; j++)
+            most += values[i].iov[j].len != 0;
+    if (most > p->segs_cap) {
+        kvp__free(p->segs, p->segs_cap * sizeof *p->segs);
+        p->segs_cap = 0;
+        if (!(p->segs = kvp__calloc(most, sizeof *p->segs))) {
+            p->release = 1;
+            return KVP_ERR_NO_MEMORY;
         }
+        p->segs_cap = most;
+    }
+    const uint8_t *base = kvp__lmap_base(p->lmap);
+    uint64_t mapped = kvp__lmap_size(p->lmap);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (kvp__mpr_array(b, 3) != 3)
+            goto bad;
         int64_t ks = kvp__mpr_int(b);
         uint64_t size = kvp__mpr_uint(b), off = kvp__mpr_uint(b);
-        if (b->err || ks > 0 || ks < -1000) {
-            st = KVP_ERR_PROTOCOL;
-            break;
-        }
+        if (b->err || ks > 0 || ks < -1000)
+            goto bad;
         results[i].status = (kvp_status_t)ks;
         results[i].size = size;
         results[i].flags = 0;
-        offs[i] = off;
         if (ks != KVP_OK)
             continue;
         p->release = 1;
-        uint64_t cap = 0;
-        for (uint32_t j = 0; j < values[i].iovcnt; j++) {
-            cap += values[i].iov[j].len;
-            ns += values[i].iov[j].len != 0;
-        }
-        if (size > cap || off > kvp__lmap_size(p->lmap) || size > kvp__lmap_size(p->lmap) - off)
-            st = KVP_ERR_PROTOCOL;
-    }
-    if (st == KVP_OK && b->err)
-        st = KVP_ERR_PROTOCOL;
-    if (st == KVP_OK && ns) {
-        kvp__free(p->segs, p->segs_cap * sizeof *p->segs);
-        p->segs_cap = 0;
-        p->segs = kvp__calloc(ns, sizeof *p->segs);
-        if (!p->segs)
-            st = KVP_ERR_NO_MEMORY;
-    }
-    if (st == KVP_OK && ns) {
-        const uint8_t *base = kvp__lmap_base(p->lmap);
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (results[i].status != KVP_OK)
+        if (off > mapped || size > mapped - off)
+            goto bad;
+        for (uint32_t j = 0; j < values[i].iovcnt && size; j++) {
+            size_t len = values[i].iov[j].len < size ? values[i].iov[j].len : (size_t)size;
+            if (!len)
                 continue;
-            uint64_t left = results[i].size, off = offs[i];
-            for (uint32_t j = 0; j < values[i].iovcnt && left; j++) {
-                size_t len = values[i].iov[j].len < left ? values[i].iov[j].len : (size_t)left;
-                if (!len)
-                    continue;
-                p->segs[k++] = (kvp__cpseg_t){values[i].iov[j].base, base + off, len};
-                off += len;
-                left -= len;
-            }
+            p->segs[k++] = (kvp__cpseg_t){values[i].iov[j].base, base + off, len};
+            off += len;
+            size -= len;
         }
-        p->segs_cap = ns;
-        p->nsegs = k;
+        if (size) /* more than the caller's buffers hold */
+            goto bad;
     }
-    kvp__free(offs, (n ? n : 1) * sizeof *offs);
-    return st;
+    p->nsegs = k;
+    return KVP_OK;
+bad:
+    p->release = 1;
+    p->nsegs = 0;
+    return KVP_ERR_PROTOCOL;
 }
 
 /* Parses the op fields of a reply into the op (mu held).  For GET, builds
@@ -738,17 +733,7 @@ static ucs_status_t on_reply(void *arg, const void *header, size_t header_length
     }
     if (!a) { /* no memory: the values are dropped, the op fails */
         pthread_mutex_lock(&r->mu);
-        pending_t *q = do_find(r, id);
-        opctx_t *f = NULL;
-        if (q) {
-            q->recv_active = 0;
-            r->recv_active--;
-            q->status = KVP_ERR_NO_MEMORY;
-            q->reply_done = 1;
-            f = do_maybe_done(r, q);
-        }
-        pthread_mutex_unlock(&r->mu);
-        fire(f);
+        do_recv_end(r, id, KVP_ERR_NO_MEMORY);
         return UCS_OK;
     }
     ucs_status_ptr_t sp = ucp_am_recv_data_nbx(r->worker, data, buf, count, &prm);
@@ -1158,16 +1143,8 @@ static int reap_dead(remote_t *r)
 /* Gives the current worker the reply handler and a place in epfd. */
 static kvp_status_t worker_setup(remote_t *r)
 {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = KVP_AM_REPLY,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_reply,
-        .arg = r,
-    };
     r->wfd = -1;
-    if (ucp_worker_set_am_recv_handler(r->worker, &hp) != UCS_OK ||
+    if (kvp__ucx_am_handler(r->worker, KVP_AM_REPLY, on_reply, r) != UCS_OK ||
         ucp_worker_get_efd(r->worker, &r->wfd) != UCS_OK)
         return KVP_ERR_IO;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = r->wfd};
@@ -1393,7 +1370,7 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
     ucp_ep_h ep = r->ep;
     int fd = r->tcp_fd, lane = atomic_load(&r->lane), gen = r->gen;
     if (p->wop == KVP_WOP_GET_LOCAL) {
-        if (!r->lmap || r->lmap_gen != gen || lane) { /* reconnected meanwhile, to another arena */
+        if (!r->lmap || r->lmap_gen != gen) { /* reconnected meanwhile, to another arena */
             do_cb_put(r, a);
             pthread_mutex_unlock(&r->mu);
             return KVP_ERR_CONN_LOST;

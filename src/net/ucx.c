@@ -24,6 +24,19 @@ kvp_status_t kvp__ucx_status(ucs_status_t st)
     }
 }
 
+ucs_status_t kvp__ucx_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = id,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = cb,
+        .arg = arg,
+    };
+    return ucp_worker_set_am_recv_handler(worker, &hp);
+}
+
 const char *kvp__ucx_transports(ucp_context_h ctx)
 {
     static __thread char out[512];

@@ -32,6 +32,9 @@ void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep);
  * pending and goes away with the worker; the endpoint must not be used or
  * closed again either way). */
 int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms);
+/* Sets the handler of active message `id` on worker (whole messages only:
+ * kvpool's headers and values arrive in one piece). */
+ucs_status_t kvp__ucx_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg);
 /* Maps a UCX status to kvpool's. */
 kvp_status_t kvp__ucx_status(ucs_status_t st);
 

@@ -174,7 +174,7 @@ typedef struct lgroup {
     struct lgroup *next;
     uint64_t req_id;
     uint64_t bytes;
-    uint32_t n;
+    uint32_t n, cap;
     kvp__lease_t *leases[];
 } lgroup_t;
 
@@ -209,7 +209,7 @@ static void lgroup_free(server_t *s, lgroup_t *g)
         kvp__store_release(s->store, g->leases[i]);
     atomic_fetch_sub(&s->ctr.local_leases, g->n);
     atomic_fetch_sub(&s->ctr.local_bytes, g->bytes);
-    kvp__free(g, sizeof *g + g->n * sizeof g->leases[0]);
+    kvp__free(g, sizeof *g + g->cap * sizeof g->leases[0]);
 }
 
 /* RELEASE: the client has copied what GET_LOCAL req_id leased. */
@@ -568,34 +568,45 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
 /* ---- other ops ---- */
 
 /* GET, or GET_LOCAL: the values' offsets in the arena instead of their
- * bytes, their leases kept for the client until it releases them. */
+ * bytes, their leases kept for the client (an lgroup) until it releases
+ * them. */
 static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
 {
-    uint32_t n = rq->nkeys;
+    uint32_t n = rq->nkeys, cap = n ? n : 1;
     int local = rq->op == KVP_WOP_GET_LOCAL;
-    void *arena = NULL;
-    size_t arena_len = 0;
-    kvp__store_arena(s->store, &arena, &arena_len);
-    if (local && (kvp__store_arena_fd(s->store) < 0 || c->nlgroups >= LGROUPS_MAX)) {
-        /* Not offered (private arena), or a client that never releases. */
-        if (kvp__store_arena_fd(s->store) >= 0)
-            kvp_warn("server: conn %llu holds %u unreleased local reads; refusing more",
-                     (unsigned long long)c->id, c->nlgroups);
-        reply_status(s, c, rq->op, rq->req_id, local && c->nlgroups >= LGROUPS_MAX ? KVP_ERR_BUSY
-                                                                                    : KVP_ERR_PROTOCOL);
+    if (local && kvp__store_arena_fd(s->store) < 0) {
+        atomic_fetch_add(&s->ctr.bad_requests, 1);
+        kvp_warn("server: conn %llu sent a local read, but this server's arena is private",
+                 (unsigned long long)c->id);
+        reply_status(s, c, rq->op, rq->req_id, KVP_ERR_PROTOCOL);
+        return;
+    }
+    if (local && c->nlgroups >= LGROUPS_MAX) {
+        kvp_warn("server: conn %llu holds %u unreleased local reads; refusing more", (unsigned long long)c->id,
+                 c->nlgroups);
+        reply_status(s, c, rq->op, rq->req_id, KVP_ERR_BUSY);
         return;
     }
     reply_t *r = reply_new(s, c, rq->op);
     if (!r)
         return;
-    r->cap = n ? n : 1;
-    r->leases = kvp__calloc(r->cap, sizeof *r->leases);
-    r->iov = kvp__calloc(r->cap, sizeof *r->iov);
-    if (!r->leases || !r->iov) {
+    lgroup_t *g = NULL;
+    if (local) {
+        if ((g = kvp__malloc(sizeof *g + cap * sizeof g->leases[0])))
+            *g = (lgroup_t){.req_id = rq->req_id, .cap = cap};
+    } else {
+        r->cap = cap;
+        r->leases = kvp__calloc(cap, sizeof *r->leases);
+        r->iov = kvp__calloc(cap, sizeof *r->iov);
+    }
+    if (local ? !g : (!r->leases || !r->iov)) {
         kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
         reply_send(r);
         return;
     }
+    void *arena = NULL;
+    size_t arena_len = 0;
+    kvp__store_arena(s->store, &arena, &arena_len);
     kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
     kvp__mpw_array(&r->w, n);
     uint64_t bytes = 0;
@@ -608,45 +619,32 @@ static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
             kvp__store_release(s->store, l);
             st = KVP_ERR_BUFFER_TOO_SMALL;
         }
-        if (st == KVP_OK) {
+        if (st == KVP_OK && local) {
+            g->leases[g->n++] = l;
+        } else if (st == KVP_OK) {
             r->leases[r->nleases] = l;
             r->iov[r->nleases].buffer = (void *)p;
             r->iov[r->nleases].length = size;
             r->nleases++;
-            bytes += size;
         }
+        if (st == KVP_OK)
+            bytes += size;
         kvp__mpw_array(&r->w, local ? 3 : 2);
         kvp__mpw_int(&r->w, st);
         kvp__mpw_uint(&r->w, size);
         if (local)
             kvp__mpw_uint(&r->w, st == KVP_OK ? (uint64_t)((const uint8_t *)p - (const uint8_t *)arena) : 0);
     }
-    if (local && r->nleases) {
-        /* The leases move from the reply (which then sends no values) to
-         * the connection. */
-        lgroup_t *g = kvp__malloc(sizeof *g + r->nleases * sizeof g->leases[0]);
-        if (!g || r->w.err) {
-            kvp__free(g, g ? sizeof *g + r->nleases * sizeof g->leases[0] : 0);
-            for (uint32_t i = 0; i < r->nleases; i++)
-                kvp__store_release(s->store, r->leases[i]);
-            r->nleases = 0;
-            kvp__mpw_free(&r->w);
-            kvp__mpw_init(&r->w, r->wbuf, sizeof r->wbuf);
-            kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
-            reply_send(r);
-            return;
-        }
-        g->req_id = rq->req_id;
+    if (g && g->n) {
         g->bytes = bytes;
-        g->n = r->nleases;
-        memcpy(g->leases, r->leases, r->nleases * sizeof g->leases[0]);
         g->next = c->lgroups;
         c->lgroups = g;
         c->nlgroups++;
         atomic_fetch_add(&s->ctr.local_leases, g->n);
         atomic_fetch_add(&s->ctr.local_bytes, bytes);
-        r->nleases = 0;
         s->local_replied = 1;
+    } else if (g) {
+        kvp__free(g, sizeof *g + g->cap * sizeof g->leases[0]);
     }
     atomic_fetch_add(&s->ctr.bytes_out, bytes);
     reply_send(r);
@@ -1423,15 +1421,7 @@ static void on_signal(server_t *s)
  * event loop exists) a place in it. */
 static kvp_status_t worker_setup(server_t *s)
 {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = KVP_AM_REQUEST,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_request,
-        .arg = s,
-    };
-    if (ucp_worker_set_am_recv_handler(s->worker, &hp) != UCS_OK ||
+    if (kvp__ucx_am_handler(s->worker, KVP_AM_REQUEST, on_request, s) != UCS_OK ||
         ucp_worker_get_address(s->worker, &s->addr, &s->addr_len) != UCS_OK) {
         kvp_error("server: cannot set up the UCX worker");
         return KVP_ERR_IO;
