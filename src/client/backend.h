@@ -13,8 +13,10 @@ typedef struct kvp__backend_ops {
     /* Opens the backend from a parsed URI; *impl_p is passed to the others. */
     kvp_status_t (*open)(kvp__uri_t *uri, void **impl_p);
     void (*close)(void *impl);
-    /* Runs a validated op (async contract of pool.h). */
-    kvp_status_t (*submit)(void *impl, kvp_op_t *op);
+    /* Runs a validated op (async contract of pool.h).  will_drive: the
+     * caller calls drive() for it right away (no other thread need be woken
+     * to make progress on it). */
+    kvp_status_t (*submit)(void *impl, kvp_op_t *op, int will_drive);
     kvp_status_t (*stats)(void *impl, kvp_pool_stats_t *st);
     /* Largest value this backend accepts (for validation). */
     uint64_t (*max_value)(void *impl);

@@ -129,8 +129,9 @@ static uint64_t sgl_len(const kvp_sgl_t *v)
     return t;
 }
 
-static kvp_status_t embedded_submit(void *impl, kvp_op_t *op)
+static kvp_status_t embedded_submit(void *impl, kvp_op_t *op, int will_drive)
 {
+    (void)will_drive;
     kvp__store_t *s = impl;
     size_t i;
     switch (op->type) {

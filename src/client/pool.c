@@ -226,7 +226,7 @@ static kvp_status_t validate(const kvp_pool_t *pool, const kvp_op_t *op)
     return st;
 }
 
-kvp_status_t kvp_pool_submit(kvp_pool_t *pool, kvp_op_t *op)
+static kvp_status_t submit(kvp_pool_t *pool, kvp_op_t *op, int will_drive)
 {
     if (!pool || !op) {
         kvp_error("pool_submit: %s is NULL", pool ? "op" : "pool");
@@ -235,8 +235,10 @@ kvp_status_t kvp_pool_submit(kvp_pool_t *pool, kvp_op_t *op)
     kvp_status_t st = validate(pool, op);
     if (st != KVP_OK)
         return st;
-    return pool->ops->submit(pool->impl, op);
+    return pool->ops->submit(pool->impl, op, will_drive);
 }
+
+kvp_status_t kvp_pool_submit(kvp_pool_t *pool, kvp_op_t *op) { return submit(pool, op, 0); }
 
 /* Blocking completion for backends that answer KVP_INPROGRESS. */
 typedef struct {
@@ -279,7 +281,7 @@ static kvp_status_t run_sync(kvp_pool_t *pool, kvp_op_t *op)
     waiter_t w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     op->cb = waiter_cb;
     op->cb_arg = &w;
-    kvp_status_t st = kvp_pool_submit(pool, op);
+    kvp_status_t st = submit(pool, op, pool && pool->ops->drive != NULL);
     if (st == KVP_INPROGRESS) {
         if (pool->ops->drive) {
             uint64_t spin = SYNC_SPIN_BASE_NS + op_bytes(op);

@@ -113,6 +113,7 @@ typedef struct pending {
     int release;                  /* the server leased something: RELEASE it */
     int copying;                  /* its values are being copied: only that copy's end finishes it */
     int finished;
+    int caller_drives;            /* its caller drives the worker: no need to wake the progress thread */
 } pending_t;
 
 /* A caller buffer registered with UCX (kvp_pool_register). */
@@ -180,6 +181,13 @@ typedef struct remote {
     kvp__lmap_t *lmap;             /* the server's arena mapped (under mu) */
     int lmap_gen;                  /* the connection it belongs to */
     uint32_t local_inflight;       /* GET_LOCAL requests not finished */
+    /* GET_LOCALs copied but not yet released (under mu): they ride on the
+     * connection's next request (its released field), or go in a RELEASE
+     * of their own once REL_FLUSH_NS has passed or KVP_RELEASED_MAX have
+     * gathered; a lost connection drops them (its leases end with it). */
+    uint64_t rel[KVP_RELEASED_MAX];
+    uint32_t nrel;
+    uint64_t rel_since_ns;
 } remote_t;
 
 enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
@@ -193,6 +201,10 @@ enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
 /* GET_LOCAL requests one connection keeps in flight at most (the server
  * refuses more than 4096 unreleased ones); beyond it gets go over UCX. */
 #define LOCAL_INFLIGHT_MAX 1024u
+/* How long a copied GET_LOCAL waits for a request to ride on before it is
+ * released by a message of its own (a RELEASE costs the client a send and
+ * the server a wake-up, ~10 us; docs/transport.md §9). */
+#define REL_FLUSH_NS 1000000ull
 
 /* A lost connection, closed by the progress thread once no thread is still
  * sending on it (its endpoint or socket must outlive every send begun on
@@ -644,7 +656,8 @@ static pending_t *match_reply(remote_t *r, const void *hdr, size_t len, kvp__wir
 
 static int do_hold(remote_t *r, int gen);
 static void do_sent(remote_t *r, int gen);
-static void post_release(remote_t *r, int gen, uint64_t req_id);
+static void queue_release(remote_t *r, int gen, uint64_t req_id);
+static int flush_released(remote_t *r, uint64_t now);
 
 /* A GET_LOCAL's reply is parsed (mu held; unlocks): copies the values out
  * of the mapped arena, releases the leases, finishes p. */
@@ -664,7 +677,7 @@ static void local_finish(remote_t *r, pending_t *p, kvp_status_t st)
     if (held)
         kvp__lread_copy(p->segs, p->nsegs);
     if (release)
-        post_release(r, gen, id);
+        queue_release(r, gen, id);
     pthread_mutex_lock(&r->mu);
     if (held)
         do_sent(r, gen);
@@ -755,6 +768,7 @@ static void do_retire(remote_t *r, int graceful)
     r->connected = 0;
     r->senders = 0;
     r->gen++;
+    r->nrel = 0; /* the connection's leases end with it */
     r->ep = NULL;
     r->tcp_fd = -1;
 }
@@ -1267,6 +1281,7 @@ static void *progress_main(void *arg)
             check_deadlines(r);
             last_check = now;
         }
+        int releasing = flush_released(r, now);
         if (did)
             spin_until = now + 30000;
         if (driven) {
@@ -1279,7 +1294,7 @@ static void *progress_main(void *arg)
             }
             continue;
         }
-        int timeout = now < spin_until ? 0 : waiting ? 1 : 10;
+        int timeout = now < spin_until ? 0 : waiting || releasing ? 1 : 10;
         /* Not armable while it has events: poll the sockets and come back
          * (see the server's loop: a dead peer's transport can keep the
          * worker "busy" with nothing to progress). */
@@ -1380,6 +1395,8 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         r->local_inflight++;
     }
     p->gen = gen;
+    if (r->nrel && kvp__wire_req_add_released(&p->w, r->rel, r->nrel) == 0)
+        r->nrel = 0; /* (no memory: they wait for the next request or the flush) */
     uint32_t to = p->op && p->op->timeout_ms ? p->op->timeout_ms : r->timeout_ms;
     p->deadline_ns = kvp__now_ns() + (uint64_t)to * 1000000ull;
     do_add(r, p);
@@ -1392,6 +1409,7 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         lane_post(r, p, fd, data, count, iov);
         return KVP_INPROGRESS;
     }
+    int caller_drives = p->caller_drives; /* (p may be finished and freed once sent) */
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = on_send_done,
@@ -1425,7 +1443,11 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
     pthread_mutex_unlock(&r->mu);
     if (sp == NULL || UCS_PTR_IS_ERR(sp))
         on_send_done(NULL, sp ? UCS_PTR_STATUS(sp) : UCS_OK, a);
-    wake(r);
+    /* The progress thread makes progress on it, unless its caller is about
+     * to: waking that thread would then only take a core from the server
+     * on a small host. */
+    if (!caller_drives)
+        wake(r);
     return KVP_INPROGRESS;
 }
 
@@ -1445,10 +1467,11 @@ static void release_sent(void *request, ucs_status_t status, void *user_data)
         ucp_request_free(request);
 }
 
-/* Tells the server that GET_LOCAL req_id's values are copied (never
- * answered).  On a connection that is gone there is nothing to tell: its
- * leases end with its socket. */
-static void post_release(remote_t *r, int gen, uint64_t req_id)
+/* Tells the server that GET_LOCALs ids[0..n) are copied, in one RELEASE
+ * (never answered): req_id ids[0], the rest in its released field.  On a
+ * connection that is gone there is nothing to tell: its leases end with
+ * its socket. */
+static void post_release(remote_t *r, int gen, const uint64_t *ids, uint32_t n)
 {
     pthread_mutex_lock(&r->mu);
     if (gen != r->gen || !r->connected) {
@@ -1462,7 +1485,11 @@ static void post_release(remote_t *r, int gen, uint64_t req_id)
     release_msg_t *m = kvp__malloc(sizeof *m);
     if (m) {
         kvp__mpw_init(&m->w, m->buf, sizeof m->buf);
-        kvp__wire_req_encode(&m->w, KVP_WOP_RELEASE, req_id, 0, key, NULL, 0, NULL);
+        kvp__wire_req_encode(&m->w, KVP_WOP_RELEASE, ids[0], 0, key, NULL, 0, NULL);
+        if (n > 1 && kvp__wire_req_add_released(&m->w, ids + 1, n - 1) != 0)
+            m->w.err = 1;
+    }
+    if (m && !m->w.err) {
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
             .cb.send = release_sent,
@@ -1474,12 +1501,58 @@ static void post_release(remote_t *r, int gen, uint64_t req_id)
         if (sp == NULL || UCS_PTR_IS_ERR(sp))
             release_sent(NULL, UCS_OK, m);
     } else {
-        kvp_error("remote: out of memory releasing request %llu; the server keeps its values until "
-                  "the connection closes", (unsigned long long)req_id);
+        if (m)
+            release_sent(NULL, UCS_OK, m);
+        kvp_error("remote: out of memory releasing %u local reads; the server keeps their values until "
+                  "the connection closes", n);
     }
     pthread_mutex_lock(&r->mu);
     do_sent(r, gen);
     pthread_mutex_unlock(&r->mu);
+}
+
+/* Takes the queued releases (mu held); returns how many. */
+static uint32_t do_take_released(remote_t *r, uint64_t *ids)
+{
+    uint32_t n = r->nrel;
+    memcpy(ids, r->rel, n * sizeof *ids);
+    r->nrel = 0;
+    return n;
+}
+
+/* GET_LOCAL req_id's values are copied: queues its release. */
+static void queue_release(remote_t *r, int gen, uint64_t req_id)
+{
+    uint64_t ids[KVP_RELEASED_MAX];
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    if (gen == r->gen && r->connected) {
+        if (r->nrel == 0)
+            r->rel_since_ns = kvp__now_ns();
+        r->rel[r->nrel++] = req_id;
+        if (r->nrel == KVP_RELEASED_MAX)
+            n = do_take_released(r, ids);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (n)
+        post_release(r, gen, ids, n);
+}
+
+/* Progress thread: sends the releases that waited REL_FLUSH_NS for a
+ * request to ride on.  Returns whether any are still queued. */
+static int flush_released(remote_t *r, uint64_t now)
+{
+    uint64_t ids[KVP_RELEASED_MAX];
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    int gen = r->gen;
+    if (r->nrel && now - r->rel_since_ns >= REL_FLUSH_NS)
+        n = do_take_released(r, ids);
+    int left = r->nrel > 0;
+    pthread_mutex_unlock(&r->mu);
+    if (n)
+        post_release(r, gen, ids, n);
+    return left;
 }
 
 /* Runs an internal op (hello, stats) to completion on the caller's thread;
@@ -1699,7 +1772,8 @@ static uint64_t sgl_len(const kvp_sgl_t *v)
 }
 
 /* Builds and posts the request for keys [off, off+cnt) of the op. */
-static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t off, uint32_t cnt)
+static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t off, uint32_t cnt,
+                               int will_drive)
 {
     kvp_op_t *op = oc->op;
     if (wop == KVP_WOP_GET && r->local_reads) {
@@ -1718,6 +1792,7 @@ static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t 
         return KVP_ERR_NO_MEMORY;
     p->off = off;
     p->cnt = cnt;
+    p->caller_drives = will_drive;
     p->req_id = new_id(r);
     const void *data = NULL;
     size_t count = 0;
@@ -1792,7 +1867,7 @@ static uint32_t slice_len(const kvp_op_t *op, uint32_t off)
     return n;
 }
 
-static kvp_status_t remote_submit(void *impl, kvp_op_t *op)
+static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
 {
     remote_t *r = impl;
     kvp_status_t st = ensure_connected(r);
@@ -1821,7 +1896,7 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op)
     uint32_t off = 0, posted = 0;
     for (uint32_t i = 0; i < nslices; i++) {
         uint32_t cnt = n ? slice_len(op, off) : 0;
-        st = post_slice(r, oc, wop, off, cnt);
+        st = post_slice(r, oc, wop, off, cnt, will_drive);
         if (st != KVP_INPROGRESS)
             break;
         posted++;

@@ -33,6 +33,26 @@ void kvp__wire_req_encode(kvp__mpw_t *w, uint32_t op, uint64_t req_id, uint32_t 
     }
 }
 
+int kvp__wire_req_add_released(kvp__mpw_t *w, const uint64_t *ids, uint32_t n)
+{
+    /* The header is a fixarray of at most 7 fields: its first byte counts
+     * them. */
+    if (w->err || w->len == 0 || (w->buf[0] & 0xf0u) != 0x90u || (w->buf[0] & 0x0fu) >= 8u ||
+        n == 0 || n > KVP_RELEASED_MAX)
+        return -1;
+    size_t len = w->len;
+    kvp__mpw_array(w, n);
+    for (uint32_t i = 0; i < n; i++)
+        kvp__mpw_uint(w, ids[i]);
+    if (w->err) { /* the bytes written so far are intact: drop the field */
+        w->err = 0;
+        w->len = len;
+        return -1;
+    }
+    w->buf[0]++;
+    return 0;
+}
+
 kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *req,
                                   kvp_key_t *keys_buf, uint64_t *sizes_buf, uint32_t max_keys)
 {
@@ -64,7 +84,8 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
     req->timeout_ms = (uint32_t)to;
     int has_keys = op_has_keys(op);
     int has_sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET || op == KVP_WOP_GET_LOCAL;
-    if (nf != 5u + (uint32_t)has_keys + (uint32_t)has_sizes)
+    uint32_t base = 5u + (uint32_t)has_keys + (uint32_t)has_sizes;
+    if (nf != base && nf != base + 1u)
         goto bad;
     if (has_keys) {
         uint32_t n = kvp__mpr_array(&r, max_keys < KVP_BATCH_MAX ? max_keys : KVP_BATCH_MAX);
@@ -97,6 +118,16 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
                     goto bad;
             }
         }
+    }
+    if (nf == base + 1u) {
+        uint32_t n = kvp__mpr_array(&r, KVP_RELEASED_MAX);
+        if (r.err || n == 0)
+            goto bad;
+        for (uint32_t i = 0; i < n; i++)
+            req->released[i] = kvp__mpr_uint(&r);
+        if (r.err)
+            goto bad;
+        req->nreleased = n;
     }
     if (!kvp__mpr_done(&r))
         goto bad;

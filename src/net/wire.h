@@ -8,7 +8,10 @@
  * random 64-bit connection key issued; the TCP socket then stays open as the
  * liveness channel (it closes when either process dies).
  *
- * Request header:  [version, op, req_id, timeout_ms, conn_key, <op fields>]
+ * Request header:  [version, op, req_id, timeout_ms, conn_key, <op fields>, released?]
+ * (released: any request may end with an array of up to KVP_RELEASED_MAX
+ * req_ids of earlier GET_LOCALs on the connection whose values the client
+ * has copied; the server ends their leases before it handles the request)
  * Reply header:    [version, op, req_id, status, <op fields>]
  *
  * A request header longer than KVP_AM_HDR_MAX travels as the AM's data
@@ -33,7 +36,8 @@
 #define KVP_WIRE_VERSION 1u
 #define KVP_AM_REQUEST 11u
 #define KVP_AM_REPLY 12u
-#define KVP_WIRE_HEADER_MAX (KVP_BATCH_MAX * (KVP_KEY_MAX + 16u) + 256u)
+#define KVP_RELEASED_MAX 64u /* GET_LOCALs one request may release */
+#define KVP_WIRE_HEADER_MAX (KVP_BATCH_MAX * (KVP_KEY_MAX + 16u) + KVP_RELEASED_MAX * 9u + 256u)
 #define KVP_WIRE_TOKEN_MAX 256u
 #define KVP_AM_HDR_MAX 4096u /* UCX carries AM headers in one segment */
 /* Values at least this large always travel by rendezvous (UCP_AM_SEND_FLAG_RNDV):
@@ -71,12 +75,18 @@ typedef struct kvp__wire_req {
     uint64_t *sizes;        /* PUT: value sizes; GET, GET_LOCAL: destination capacities */
     uint64_t payload;       /* PUT: sum of sizes */
     uint64_t conn_key;
+    uint32_t nreleased;     /* GET_LOCALs this request releases */
+    uint64_t released[KVP_RELEASED_MAX];
 } kvp__wire_req_t;
 
 /* Encodes a request header.  sizes: PUT/GET only (else NULL). */
 void kvp__wire_req_encode(kvp__mpw_t *w, uint32_t op, uint64_t req_id, uint32_t timeout_ms,
                           uint64_t conn_key, const kvp_key_t *keys, uint32_t nkeys,
                           const uint64_t *sizes);
+/* Appends the released field (n: 1..KVP_RELEASED_MAX) to a request header
+ * that kvp__wire_req_encode wrote into w.  0, or -1 with w unchanged (no
+ * memory). */
+int kvp__wire_req_add_released(kvp__mpw_t *w, const uint64_t *ids, uint32_t n);
 /* Decodes a request header into *req using keys_buf/sizes_buf (max_keys
  * entries each).  An IN_DATA header decodes with op KVP_WOP_IN_DATA and no
  * keys.  KVP_OK, KVP_ERR_VERSION, KVP_ERR_PROTOCOL. */
@@ -97,7 +107,8 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
  *               value lies at offset in the arena, leased until the client
  *               sends RELEASE with the GET_LOCAL's req_id (or its connection
  *               closes)
- *   RELEASE:    none (no reply is sent)
+ *   RELEASE:    none (no reply is sent; the request releases req_id and
+ *               whatever its released field names)
  *   REMOVE_ALL: uint removed
  *   STATS:      array of KVP_WIRE_NSTATS uints (kvp_pool_stats_t field order)
  * An error status carries no op fields. */

@@ -18,8 +18,8 @@
  * Local reads: the arena is a memfd, and a client on this host may map it
  * read-only (HELLO tells it where).  Its GET_LOCAL is answered with each
  * value's offset instead of the bytes; the leases stay with the connection
- * (lgroup_t) until the client sends RELEASE after copying, or until its
- * socket closes.  A connection the server drops while its client may still
+ * (lgroup_t) until the client releases it after copying (a RELEASE, or the
+ * released field of a later request), or until its socket closes.  A connection the server drops while its client may still
  * be copying (worker replaced, a protocol violation) keeps those leases
  * until the client closes the socket (it is shut down for writing, so the
  * client sees the end) or LINGER_NS passes: space is never reused under a
@@ -122,6 +122,7 @@ typedef struct conn {
 #define WEDGE_NS (1ull * 1000000000ull) /* see worker_rebuild */
 #define ABANDON_AFTER_NS (2ull * 1000000000ull) /* see conn_abandon_replies */
 #define LGROUPS_MAX 4096u /* GET_LOCALs a connection may hold unreleased */
+#define SPIN_NS 50000u    /* the event loop polls this long after activity */
 #define LINGER_NS (10ull * 1000000000ull) /* see the local reads above */
 
 typedef struct server {
@@ -138,7 +139,7 @@ typedef struct server {
     uint64_t nconns, next_conn_id;
     int draining, stop;
     int rebuild;                /* SIGUSR2: replace the UCX worker (see worker_rebuild) */
-    int local_replied;          /* this progress pass answered a GET_LOCAL (see loop) */
+    uint64_t local_replied;     /* bytes this progress pass let clients copy (GET_LOCAL; see loop) */
     uint64_t drain_deadline_ns;
     uint64_t inflight;          /* requests not yet answered */
     uint64_t inflight_puts, inflight_replies, inflight_in_data; /* its parts, for diagnosis */
@@ -227,6 +228,13 @@ static void lgroup_release(server_t *s, conn_t *c, uint64_t req_id)
     atomic_fetch_add(&s->ctr.bad_requests, 1);
     kvp_warn("server: conn %llu released request %llu, which holds no leases", (unsigned long long)c->id,
              (unsigned long long)req_id);
+}
+
+/* A request's released field: GET_LOCALs the client has copied since. */
+static void apply_released(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
+{
+    for (uint32_t i = 0; i < rq->nreleased; i++)
+        lgroup_release(s, c, rq->released[i]);
 }
 
 static void lgroup_release_all(server_t *s, conn_t *c)
@@ -642,7 +650,7 @@ static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         c->nlgroups++;
         atomic_fetch_add(&s->ctr.local_leases, g->n);
         atomic_fetch_add(&s->ctr.local_bytes, bytes);
-        s->local_replied = 1;
+        s->local_replied += bytes;
     } else if (g) {
         kvp__free(g, sizeof *g + g->cap * sizeof g->leases[0]);
     }
@@ -813,6 +821,7 @@ static void hello_arena(server_t *s, kvp__mpw_t *w)
 
 static void dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
 {
+    apply_released(s, c, rq);
     atomic_fetch_add(&s->ctr.ops[rq->op], 1);
     if (rq->op == KVP_WOP_HELLO) {
         reply_t *r = reply_new(s, c, rq->op);
@@ -932,6 +941,7 @@ static ucs_status_t on_request(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     if (rq.op == KVP_WOP_PUT) {
+        apply_released(s, c, &rq);
         atomic_fetch_add(&s->ctr.ops[rq.op], 1);
         if (s->draining) {
             reply_status(s, c, rq.op, rq.req_id, KVP_ERR_CLOSED);
@@ -1035,6 +1045,7 @@ static void lane_request(server_t *s, conn_t *c, const uint8_t *hdr, uint32_t le
         dispatch(s, c, &rq);
         return;
     }
+    apply_released(s, c, &rq);
     atomic_fetch_add(&s->ctr.ops[rq.op], 1);
     uint32_t stored;
     put_ctx_t *pc = put_prepare(s, c, &rq, s->draining ? KVP_ERR_CLOSED : KVP_OK, &stored);
@@ -1474,6 +1485,14 @@ static void worker_rebuild(server_t *s, int stuck)
     }
 }
 
+/* How long a client takes to copy bytes out of the arena: at 4 GB/s (a
+ * slow single-core copy), never counted past 1 ms. */
+static uint64_t copy_ns(uint64_t bytes)
+{
+    uint64_t ns = bytes / 4u;
+    return ns < 1000000u ? ns : 1000000u;
+}
+
 static void loop(server_t *s)
 {
     uint64_t spin_until = 0, busy_since = 0;
@@ -1491,11 +1510,13 @@ static void loop(server_t *s)
         while (ucp_worker_progress(s->worker))
             did = 1;
         uint64_t now = kvp__now_ns();
-        /* Keep polling 50 us after activity: lower latency.  Not after
-         * answering a local read: its client is busy copying and sends
-         * nothing until it is done. */
-        if (did && !s->local_replied)
-            spin_until = now + 50000;
+        /* Keep polling 50 us after activity: lower latency.  After
+         * answering local reads, for as long as their clients take to copy
+         * the bytes as well: they send their next request (which releases
+         * the leases) right after, and a sleeping server would add its
+         * wake-up to every such get (docs/transport.md §9). */
+        if (did)
+            spin_until = now + SPIN_NS + copy_ns(s->local_replied);
         s->local_replied = 0;
         int timeout = now < spin_until ? 0 : (s->draining ? 10 : 1000);
         /* The worker cannot be armed while it has events: poll the sockets

@@ -910,7 +910,9 @@ TEST(test_server_metrics_prometheus_text)
     /* m0 (100,000 bytes over UCX) is a local read; m1 and nope are not */
     ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get\"}"), 2);
     ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get_local\"}"), 1);
-    ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"release\"}"), 1);
+    /* its release rode on p's next request, or (if that came more than
+     * 1 ms later) went in a RELEASE of its own */
+    ASSERT(metric(m, "kvpool_requests_total{op=\"release\"}") <= 1);
     ASSERT_EQ(metric(m, "kvpool_local_read_leases"), 0);
     ASSERT(metric(m, "kvpool_bytes_total{dir=\"in\"}") >= 103 * 100000.0);
     ASSERT_EQ(metric(m, "kvpool_bytes_total{dir=\"out\"}"), 200000);

@@ -475,6 +475,111 @@ TEST(test_server_local_reads_lease_keeps_bytes_until_release)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
+/* A request's released field ends leases like a RELEASE does, whatever the
+ * request (protocol.md §2): here an EXISTS, a PUT and a RELEASE. */
+TEST(test_server_local_reads_released_field_ends_leases)
+{
+    server_t s = {0};
+    kvp_pool_t *p;
+    uint64_t key, size, off;
+    kvp__arena_info_t ai;
+    int fd = raw_start(&s, &p, "k", 100000, &key, &ai);
+    for (uint64_t id = 1; id <= 5; id++)
+        ASSERT_OK(raw_get_local(fd, key, id, "k", 100000, &size, &off));
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 5);
+
+    /* EXISTS releasing 1 and 2: answered as usual. */
+    uint8_t buf[512];
+    kvp__mpw_t w;
+    kvp_key_t k = kvp_key_str("k");
+    uint64_t two[2] = {1, 2};
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp__wire_req_encode(&w, KVP_WOP_EXISTS, 30, 1000, key, &k, 1, NULL);
+    ASSERT_EQ(kvp__wire_req_add_released(&w, two, 2), 0);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 0, NULL, 0);
+    raw_reply_t r;
+    ASSERT_EQ(raw_reply(fd, &r), 1);
+    ASSERT_EQ(r.rep.op, KVP_WOP_EXISTS);
+    ASSERT_EQ(r.rep.req_id, 30);
+    ASSERT_OK(r.rep.status);
+    free(r.hdr);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 3);
+
+    /* A PUT releasing 3: stored, and released. */
+    char val[1000];
+    memset(val, 'v', sizeof val);
+    kvp_key_t nk = kvp_key_str("new");
+    uint64_t vsz = sizeof val, three = 3;
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp__wire_req_encode(&w, KVP_WOP_PUT, 31, 1000, key, &nk, 1, &vsz);
+    ASSERT_EQ(kvp__wire_req_add_released(&w, &three, 1), 0);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, sizeof val, val, sizeof val);
+    ASSERT_EQ(raw_reply(fd, &r), 1);
+    ASSERT_EQ(r.rep.op, KVP_WOP_PUT);
+    ASSERT_OK(r.rep.status);
+    free(r.hdr);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 2);
+
+    /* A RELEASE of 4 that also releases 5 and an unknown 77 (counted as a
+     * bad request, nothing else): never answered, the next reply is the
+     * HELLO's. */
+    uint64_t more[2] = {5, 77};
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp__wire_req_encode(&w, KVP_WOP_RELEASE, 4, 0, key, NULL, 0, NULL);
+    ASSERT_EQ(kvp__wire_req_add_released(&w, more, 2), 0);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 0, NULL, 0);
+    ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 0);
+    ASSERT_EQ(metric_now(&s, "kvpool_bad_requests_total"), 1);
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"release\"}"), 1);
+    char back[1000];
+    kvp_iov_t biov = {back, sizeof back};
+    kvp_sgl_t bsgl = {&biov, 1};
+    kvp_key_result_t br;
+    ASSERT_OK(kvp_pool_get(p, &nk, &bsgl, 1, &br));
+    ASSERT_OK(br.status);
+    ASSERT_MEM_EQ(back, val, sizeof val);
+    close(fd);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+/* The kvpool client releases what it copied on its next request, not in a
+ * message of its own; what nothing follows is released within
+ * milliseconds all the same. */
+TEST(test_server_local_reads_release_rides_on_the_next_request)
+{
+    server_t s = {0};
+    s.metrics_port = free_port();
+    server_start(&s, "64MiB", 0, NULL);
+    kvp_pool_t *p = open_ok(s.uri);
+    const size_t sz = 65536;
+    put_value(p, "v", sz, 9);
+    const int n = 40;
+    uint8_t *got = malloc(sz * n);
+    kvp_key_t k = kvp_key_str("v");
+    for (int i = 0; i < n; i++) {
+        kvp_iov_t iov = {got + (size_t)i * sz, sz};
+        kvp_sgl_t sgl = {&iov, 1};
+        kvp_key_result_t r;
+        ASSERT_OK(kvp_pool_get(p, &k, &sgl, 1, &r));
+        ASSERT_OK(r.status);
+    }
+    for (int i = 0; i < n; i++)
+        ASSERT(matches(got + (size_t)i * sz, sz, 9));
+    free(got);
+    /* The last one waits for a request to ride on; none comes: it goes on
+     * its own. */
+    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), n);
+    double rel = metric_now(&s, "kvpool_requests_total{op=\"release\"}");
+    ASSERT(rel >= 1);
+    ASSERT_MSG(rel <= n / 4, "%.0f RELEASE messages for %d local reads", rel, n);
+    ASSERT_EQ(metric_now(&s, "kvpool_bad_requests_total"), 0);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 TEST(test_server_local_reads_leases_end_with_the_connection)
 {
     server_t s = {0};
@@ -616,6 +721,8 @@ TEST(test_server_local_reads_client_killed_while_reading)
 TEST_LIST(T(test_local_read_copy_every_byte_in_place), T(test_local_read_copy_concurrent_callers),
           T(test_local_read_map_checks_the_file), T(test_server_local_reads_values_match),
           T(test_server_local_reads_lease_keeps_bytes_until_release),
+          T(test_server_local_reads_released_field_ends_leases),
+          T(test_server_local_reads_release_rides_on_the_next_request),
           T(test_server_local_reads_leases_end_with_the_connection),
           T(test_server_local_reads_refused_past_the_cap), T(test_server_local_reads_switched_off),
           T(test_server_local_reads_client_killed_while_reading))

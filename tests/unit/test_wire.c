@@ -58,6 +58,81 @@ TEST(test_wire_every_op_round_trips)
     }
 }
 
+/* Any request may end with the GET_LOCALs it releases (protocol.md §2). */
+TEST(test_wire_released_field_round_trips_and_is_bounded)
+{
+    kvp_key_t k = kvp_key_str("key");
+    uint64_t sz = 1 << 20;
+    uint64_t ids[KVP_RELEASED_MAX + 1];
+    for (uint32_t i = 0; i <= KVP_RELEASED_MAX; i++)
+        ids[i] = 1000 + 7 * (uint64_t)i + ((uint64_t)i << 40);
+    for (uint32_t op = 1; op <= KVP_WOP_MAX; op++) {
+        for (uint32_t n = 1; n <= KVP_RELEASED_MAX; n += KVP_RELEASED_MAX - 1) {
+            kvp__mpw_t w;
+            kvp__mpw_init(&w, NULL, 0);
+            int sizes = op == KVP_WOP_PUT || op == KVP_WOP_GET || op == KVP_WOP_GET_LOCAL;
+            kvp__wire_req_encode(&w, op, 5, 0, 9, &k, 1, sizes ? &sz : NULL);
+            size_t plain = w.len;
+            ASSERT_EQ(kvp__wire_req_add_released(&w, ids, n), 0);
+            kvp__wire_req_t rq;
+            ASSERT_OK(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX));
+            ASSERT_EQ(rq.op, op);
+            ASSERT_EQ(rq.req_id, 5);
+            ASSERT_EQ(rq.nreleased, n);
+            for (uint32_t i = 0; i < n; i++)
+                ASSERT(rq.released[i] == ids[i]);
+            if (sizes)
+                ASSERT_EQ(rq.sizes[0], sz);
+            if (op == KVP_WOP_PUT)
+                ASSERT_EQ(rq.payload, sz);
+            /* Truncated anywhere in the field: refused. */
+            for (size_t cut = plain; cut < w.len; cut++)
+                ASSERT_EQ(kvp__wire_req_decode(w.buf, cut, &rq, g_keys, g_sizes, KVP_BATCH_MAX),
+                          KVP_ERR_PROTOCOL);
+            kvp__mpw_free(&w);
+        }
+    }
+    /* Without the field: none released. */
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__wire_req_encode(&w, KVP_WOP_RELEASE, 3, 0, 9, NULL, 0, NULL);
+    kvp__wire_req_t rq;
+    ASSERT_OK(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX));
+    ASSERT_EQ(rq.nreleased, 0);
+    /* The encoder refuses 0 or more than KVP_RELEASED_MAX ids, leaving the
+     * header as it was. */
+    size_t len = w.len;
+    ASSERT_EQ(kvp__wire_req_add_released(&w, ids, 0), -1);
+    ASSERT_EQ(kvp__wire_req_add_released(&w, ids, KVP_RELEASED_MAX + 1), -1);
+    ASSERT_EQ(w.len, len);
+    ASSERT_OK(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX));
+    kvp__mpw_free(&w);
+    /* Decoding: an empty array, 65 ids, a non-integer id, or a field too
+     * many are refused. */
+    uint8_t buf[1024];
+    for (int bad = 0; bad < 4; bad++) {
+        kvp__mpw_init(&w, buf, sizeof buf);
+        kvp__mpw_array(&w, bad == 3 ? 7 : 6);
+        kvp__mpw_uint(&w, KVP_WIRE_VERSION);
+        kvp__mpw_uint(&w, KVP_WOP_RELEASE);
+        kvp__mpw_uint(&w, 3);
+        kvp__mpw_uint(&w, 0);
+        kvp__mpw_uint(&w, 9);
+        uint32_t n = bad == 0 ? 0 : bad == 1 ? KVP_RELEASED_MAX + 1 : 2;
+        kvp__mpw_array(&w, n);
+        for (uint32_t i = 0; i < n; i++) {
+            if (bad == 2 && i == 1)
+                kvp__mpw_int(&w, -1);
+            else
+                kvp__mpw_uint(&w, i + 1);
+        }
+        if (bad == 3)
+            kvp__mpw_array(&w, 0);
+        ASSERT(!w.err);
+        ASSERT_EQ(kvp__wire_req_decode(w.buf, w.len, &rq, g_keys, g_sizes, KVP_BATCH_MAX), KVP_ERR_PROTOCOL);
+    }
+}
+
 TEST(test_wire_truncated_requests_rejected)
 {
     kvp_key_t keys[2] = {kvp_key_str("k1"), kvp_key_str("k2")};
@@ -240,6 +315,7 @@ TEST(test_handshake_hello_parse)
 }
 
 TEST_LIST(T(test_wire_request_round_trip), T(test_wire_every_op_round_trips),
+          T(test_wire_released_field_round_trips_and_is_bounded),
           T(test_wire_truncated_requests_rejected), T(test_wire_wrong_version_and_unknown_op),
           T(test_wire_limits_enforced), T(test_wire_reply_round_trip), T(test_mp_ints_and_skip),
           T(test_handshake_hello_parse))
