@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -42,7 +43,7 @@ static struct {
  * alone, and AVX2 adds a few % more (docs/transport.md §9). */
 #define STREAM_BLOCK 4096u
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
 #define HAVE_STREAM 1
 #include <immintrin.h>
 
@@ -55,44 +56,40 @@ static void prefetch_block(const char *s, size_t n)
 /* n: a multiple of 64; d: 16-byte aligned */
 static void stream_sse2(char *d, const char *s, size_t n)
 {
-    for (size_t o = 0; o < n; o += STREAM_BLOCK) {
-        size_t b = n - o < STREAM_BLOCK ? n - o : STREAM_BLOCK;
-        prefetch_block(s + o, b);
-        for (size_t i = o; i < o + b; i += 64) {
-            __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
-            __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), x0);
-            _mm_stream_si128((__m128i *)(d + i + 16), x1);
-            _mm_stream_si128((__m128i *)(d + i + 32), x2);
-            _mm_stream_si128((__m128i *)(d + i + 48), x3);
-        }
+    for (size_t i = 0; i < n; i += 64) {
+        __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), x0);
+        _mm_stream_si128((__m128i *)(d + i + 16), x1);
+        _mm_stream_si128((__m128i *)(d + i + 32), x2);
+        _mm_stream_si128((__m128i *)(d + i + 48), x3);
     }
 }
 
 /* n: a multiple of 64; d: 32-byte aligned */
 __attribute__((target("avx2"))) static void stream_avx2(char *d, const char *s, size_t n)
 {
-    for (size_t o = 0; o < n; o += STREAM_BLOCK) {
-        size_t b = n - o < STREAM_BLOCK ? n - o : STREAM_BLOCK;
-        prefetch_block(s + o, b);
-        for (size_t i = o; i < o + b; i += 64) {
-            __m256i y0 = _mm256_loadu_si256((const __m256i *)(s + i));
-            __m256i y1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-            _mm256_stream_si256((__m256i *)(d + i), y0);
-            _mm256_stream_si256((__m256i *)(d + i + 32), y1);
-        }
+    for (size_t i = 0; i < n; i += 64) {
+        __m256i y0 = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m256i y1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+        _mm256_stream_si256((__m256i *)(d + i), y0);
+        _mm256_stream_si256((__m256i *)(d + i + 32), y1);
     }
 }
 #endif
+
+static _Atomic int g_narrow; /* tests: no AVX2 */
+
+void kvp__lread_test_wide(int on) { g_narrow = !on; }
 
 static void copy_stream(void *dst, const void *src, size_t len)
 {
 #if defined(HAVE_STREAM)
     char *d = dst;
     const char *s = src;
-    int avx2 = __builtin_cpu_supports("avx2");
+    int avx2 = !g_narrow && __builtin_cpu_supports("avx2");
     size_t head = (size_t)(-(uintptr_t)d & (avx2 ? 31u : 15u));
     if (len < 4096 || head > len) {
         memcpy(d, s, len);
@@ -103,10 +100,14 @@ static void copy_stream(void *dst, const void *src, size_t len)
     s += head;
     len -= head;
     size_t body = len & ~(size_t)63;
-    if (avx2)
-        stream_avx2(d, s, body);
-    else
-        stream_sse2(d, s, body);
+    for (size_t o = 0; o < body; o += STREAM_BLOCK) {
+        size_t b = body - o < STREAM_BLOCK ? body - o : STREAM_BLOCK;
+        prefetch_block(s + o, b);
+        if (avx2)
+            stream_avx2(d + o, s + o, b);
+        else
+            stream_sse2(d + o, s + o, b);
+    }
     _mm_sfence();
     memcpy(d + body, s + body, len - body);
 #else

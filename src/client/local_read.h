@@ -51,5 +51,8 @@ typedef struct kvp__cpseg {
  * streaming (non-temporal) stores. */
 #define KVP_STREAM_MIN (256u * 1024u)
 void kvp__lread_copy(const kvp__cpseg_t *segs, uint32_t n);
+/* Tests: 1 = use the widest vector stores this CPU has (the default), 0 =
+ * use the baseline (SSE2) ones, so both paths get checked on any host. */
+void kvp__lread_test_wide(int on);
 
 #endif

@@ -201,9 +201,10 @@ enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
 /* GET_LOCAL requests one connection keeps in flight at most (the server
  * refuses more than 4096 unreleased ones); beyond it gets go over UCX. */
 #define LOCAL_INFLIGHT_MAX 1024u
-/* How long a copied GET_LOCAL waits for a request to ride on before it is
- * released by a message of its own (a RELEASE costs the client a send and
- * the server a wake-up, ~10 us; docs/transport.md §9). */
+/* How long a copied GET_LOCAL waits for a request to ride on before the
+ * progress thread (which looks at least every 10 ms) releases it by a
+ * message of its own (a RELEASE costs the client a send and the server a
+ * wake-up, ~10 us; docs/transport.md §9). */
 #define REL_FLUSH_NS 1000000ull
 
 /* A lost connection, closed by the progress thread once no thread is still

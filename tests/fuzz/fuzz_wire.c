@@ -35,6 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (rq.op == KVP_WOP_PUT && total != rq.payload)
             abort();
+        if (rq.nreleased > KVP_RELEASED_MAX)
+            abort();
     }
     kvp__wire_reply_t rep;
     if (size && kvp__wire_reply_decode(buf, size, &rep) == KVP_OK)

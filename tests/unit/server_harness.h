@@ -117,6 +117,13 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
     ASSERT_MSG(0, "server did not start");
 }
 
+/* A server with a metrics endpoint on a free port, no token. */
+static inline void server_start_metrics(server_t *s, const char *memory)
+{
+    s->metrics_port = free_port();
+    server_start(s, memory, 0, NULL);
+}
+
 /* Prints the server's log when it ended other than by the signal we sent. */
 static inline void server_postmortem(server_t *s, int st, int sig)
 {

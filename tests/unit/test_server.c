@@ -872,8 +872,7 @@ TEST(test_server_lane_bad_frames_keep_serving_others)
 TEST(test_server_metrics_prometheus_text)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "8MiB", 0, NULL);
+    server_start_metrics(&s, "8MiB");
     kvp_pool_t *p = open_ok(s.uri), *q = open_ok(lane_uri(&s));
     kvp_status_t st;
     for (int i = 0; i < 3; i++) {
@@ -983,8 +982,7 @@ TEST(test_server_lane_unread_replies_backpressure)
 TEST(test_server_worker_replaced_clients_reconnect)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "64MiB", 0, NULL);
+    server_start_metrics(&s, "64MiB");
     kvp_pool_t *p = open_ok(s.uri), *q = open_ok(lane_uri(&s));
     kvp_status_t st;
     put_pattern(p, "before-ucx", 200000, 1, &st);

@@ -58,7 +58,7 @@ static void copy_check(const size_t *lens, uint32_t nseg, uint32_t seed)
     free(dst);
 }
 
-TEST(test_local_read_copy_every_byte_in_place)
+static void copy_checks(void)
 {
     const size_t one_small[] = {100};
     const size_t one_large[] = {(1u << 20) + 13};
@@ -72,6 +72,15 @@ TEST(test_local_read_copy_every_byte_in_place)
         size_t l[3] = {KVP_STREAM_MIN / 3 + s * 101, KVP_STREAM_MIN / 3 + s * 7, s * 977};
         copy_check(l, 3, s);
     }
+}
+
+TEST(test_local_read_copy_every_byte_in_place)
+{
+    for (int wide = 1; wide >= 0; wide--) { /* AVX2 where the CPU has it, then SSE2 */
+        kvp__lread_test_wide(wide);
+        copy_checks();
+    }
+    kvp__lread_test_wide(1);
 }
 
 static void *copy_thread(void *arg)
@@ -206,8 +215,7 @@ static double metric_await(const server_t *s, const char *series, double want)
 TEST(test_server_local_reads_values_match)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "64MiB", 0, NULL);
+    server_start_metrics(&s, "64MiB");
     kvp_pool_t *p = open_ok(s.uri);
     char off_uri[200];
     snprintf(off_uri, sizeof off_uri, "%s&local_reads=off", s.uri);
@@ -400,8 +408,7 @@ static void put_value(kvp_pool_t *p, const char *name, size_t size, uint8_t seed
 static int raw_start(server_t *s, kvp_pool_t **p_p, const char *name, size_t size, uint64_t *key_p,
                      kvp__arena_info_t *ai_p)
 {
-    s->metrics_port = free_port();
-    server_start(s, "8MiB", 0, NULL);
+    server_start_metrics(s, "8MiB");
     *p_p = open_ok(lane_uri(s)); /* (its own gets stay off the arena) */
     put_value(*p_p, name, size, 42);
     int fd = lane_raw_connect(s->port, key_p);
@@ -550,8 +557,7 @@ TEST(test_server_local_reads_released_field_ends_leases)
 TEST(test_server_local_reads_release_rides_on_the_next_request)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "64MiB", 0, NULL);
+    server_start_metrics(&s, "64MiB");
     kvp_pool_t *p = open_ok(s.uri);
     const size_t sz = 65536;
     put_value(p, "v", sz, 9);
@@ -643,9 +649,8 @@ TEST(test_server_local_reads_switched_off)
 {
     /* Server side: --no-local-reads offers no arena; gets go over UCX. */
     server_t s = {0};
-    s.metrics_port = free_port();
     s.extra = "--no-local-reads";
-    server_start(&s, "8MiB", 0, NULL);
+    server_start_metrics(&s, "8MiB");
     uint64_t key;
     kvp__arena_info_t ai;
     int fd = lane_raw_connect(s.port, &key);
@@ -663,8 +668,7 @@ TEST(test_server_local_reads_switched_off)
 
     /* Client side: local_reads=off; a bad value is refused at open. */
     server_t t = {0};
-    t.metrics_port = free_port();
-    server_start(&t, "8MiB", 0, NULL);
+    server_start_metrics(&t, "8MiB");
     char uri[200];
     snprintf(uri, sizeof uri, "%s&local_reads=off", t.uri);
     p = open_ok(uri);
@@ -683,8 +687,7 @@ TEST(test_server_local_reads_client_killed_while_reading)
     /* A process doing local reads in a loop is killed: its leases end with
      * its socket, and the server serves on. */
     server_t s = {0};
-    s.metrics_port = free_port();
-    server_start(&s, "64MiB", 0, NULL);
+    server_start_metrics(&s, "64MiB");
     kvp_pool_t *p = open_ok(s.uri);
     for (int i = 0; i < 8; i++) {
         char name[16];
