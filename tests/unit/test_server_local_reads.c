@@ -389,6 +389,15 @@ static kvp_status_t raw_get_local(int fd, uint64_t key, uint64_t req_id, const c
     return st;
 }
 
+/* GET_LOCALs first..last of key "k" (cap bytes of room), all found and
+ * left unreleased. */
+static void hold_local_reads(int fd, uint64_t key, uint64_t first, uint64_t last, uint64_t cap)
+{
+    uint64_t size, off;
+    for (uint64_t id = first; id <= last; id++)
+        ASSERT_OK(raw_get_local(fd, key, id, "k", cap, &size, &off));
+}
+
 static void put_value(kvp_pool_t *p, const char *name, size_t size, uint8_t seed)
 {
     uint8_t *v = malloc(size);
@@ -488,11 +497,10 @@ TEST(test_server_local_reads_released_field_ends_leases)
 {
     server_t s = {0};
     kvp_pool_t *p;
-    uint64_t key, size, off;
+    uint64_t key;
     kvp__arena_info_t ai;
     int fd = raw_start(&s, &p, "k", 100000, &key, &ai);
-    for (uint64_t id = 1; id <= 5; id++)
-        ASSERT_OK(raw_get_local(fd, key, id, "k", 100000, &size, &off));
+    hold_local_reads(fd, key, 1, 5, 100000);
     ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 5);
 
     /* EXISTS releasing 1 and 2: answered as usual. */
@@ -595,8 +603,7 @@ TEST(test_server_local_reads_leases_end_with_the_connection)
 
     /* The client closes its socket: every lease it held ends. */
     int fd = raw_start(&s, &p, "k", 200000, &key, &ai);
-    for (uint64_t id = 10; id < 13; id++)
-        ASSERT_OK(raw_get_local(fd, key, id, "k", 200000, &size, &off));
+    hold_local_reads(fd, key, 10, 12, 200000);
     ASSERT_EQ(raw_get_local(fd, key, 13, "nope", 200000, &size, &off), KVP_ERR_NOT_FOUND);
     ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 3);
     close(fd);
@@ -633,8 +640,7 @@ TEST(test_server_local_reads_refused_past_the_cap)
     uint64_t key, size, off;
     kvp__arena_info_t ai;
     int fd = raw_start(&s, &p, "k", 1000, &key, &ai);
-    for (uint64_t id = 1; id <= 4096; id++)
-        ASSERT_OK(raw_get_local(fd, key, id, "k", 1000, &size, &off));
+    hold_local_reads(fd, key, 1, 4096, 1000);
     ASSERT_EQ(raw_get_local(fd, key, 5000, "k", 1000, &size, &off), KVP_ERR_BUSY);
     raw_request(fd, KVP_WOP_RELEASE, 4096, key, NULL, 0);
     ASSERT_OK(raw_get_local(fd, key, 5001, "k", 1000, &size, &off));
