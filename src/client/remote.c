@@ -1236,8 +1236,8 @@ static void replace_worker(remote_t *r, int stuck)
 static void *progress_main(void *arg)
 {
     remote_t *r = arg;
-    uint64_t last_check = 0, spin_until = 0, busy_since = 0;
-    unsigned busy = 0;
+    uint64_t last_check = 0, spin_until = 0;
+    kvp__ucx_armer_t armer = {0};
     for (;;) {
         int did = 0;
         if (!r->worker) { /* replacing it failed: only sockets left */
@@ -1296,25 +1296,13 @@ static void *progress_main(void *arg)
             continue;
         }
         int timeout = now < spin_until ? 0 : waiting || releasing ? 1 : 10;
-        /* Not armable while it has events: poll the sockets and come back
-         * (see the server's loop: a dead peer's transport can keep the
-         * worker "busy" with nothing to progress). */
-        if (timeout && ucp_worker_arm(r->worker) == UCS_ERR_BUSY) {
-            /* stuck: un-armable, and no thread (callers drive it too) has
-             * made progress for 1 s */
-            if (did || !busy_since) {
-                busy_since = did ? 0 : now;
-            } else if (now - busy_since > 1000000000ull &&
-                       now - atomic_load(&r->progressed_ns) > 1000000000ull) {
-                replace_worker(r, 1);
-                busy_since = 0;
-                busy = 0;
-                continue;
-            }
-            timeout = did || ++busy < 1000 ? 0 : 1;
-        } else {
-            busy = 0;
-            busy_since = 0;
+        /* Stuck: un-armable, and no thread (callers drive it too) has made
+         * progress for 1 s. */
+        timeout = kvp__ucx_arm(r->worker, &armer, timeout, did, now, atomic_load(&r->progressed_ns),
+                               1000000000ull);
+        if (timeout < 0) {
+            replace_worker(r, 1);
+            continue;
         }
         struct epoll_event evs[4];
         int n = epoll_wait(r->epfd, evs, 4, timeout);

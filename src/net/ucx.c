@@ -172,3 +172,21 @@ int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_m
     ucp_request_free(sp);
     return 1;
 }
+
+int kvp__ucx_arm(ucp_worker_h worker, kvp__ucx_armer_t *a, int timeout, int did, uint64_t now,
+                 uint64_t last_progress_ns, uint64_t wedge_ns)
+{
+    if (!timeout || ucp_worker_arm(worker) != UCS_ERR_BUSY) {
+        a->busy = 0;
+        a->busy_since = 0;
+        return timeout;
+    }
+    if (did || !a->busy_since) {
+        a->busy_since = did ? 0 : now;
+    } else if (now - a->busy_since > wedge_ns && now - last_progress_ns > wedge_ns) {
+        a->busy_since = 0;
+        a->busy = 0;
+        return -1;
+    }
+    return did || ++a->busy < 1000 ? 0 : 1;
+}

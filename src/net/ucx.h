@@ -35,6 +35,21 @@ int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_m
 /* Sets the handler of active message `id` on worker (whole messages only:
  * kvpool's headers and values arrive in one piece). */
 ucs_status_t kvp__ucx_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg);
+/* Arming a worker before a wait, for an event loop that may find it
+ * un-armable: a worker with events pending cannot be armed, and one with a
+ * dead peer's transport can stay "busy" with nothing to progress. */
+typedef struct kvp__ucx_armer {
+    uint64_t busy_since;  /* un-armable without progress since (0: not) */
+    unsigned busy;        /* passes un-armable in a row */
+} kvp__ucx_armer_t;
+/* Arms worker for a wait of timeout ms (0: a poll, nothing armed).  Returns
+ * the timeout to wait with: as given when armed; when un-armable, 0 (poll
+ * the sockets and come back) or 1 ms after 1000 idle passes (stop burning
+ * the core); -1 when it has been un-armable with no progress for wedge_ns,
+ * by this loop (did) nor since last_progress_ns (other threads' progress,
+ * 0 if none): the caller replaces the worker. */
+int kvp__ucx_arm(ucp_worker_h worker, kvp__ucx_armer_t *a, int timeout, int did, uint64_t now,
+                 uint64_t last_progress_ns, uint64_t wedge_ns);
 /* Maps a UCX status to kvpool's. */
 kvp_status_t kvp__ucx_status(ucs_status_t st);
 

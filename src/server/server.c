@@ -1495,8 +1495,8 @@ static uint64_t copy_ns(uint64_t bytes)
 
 static void loop(server_t *s)
 {
-    uint64_t spin_until = 0, busy_since = 0;
-    unsigned busy = 0;
+    uint64_t spin_until = 0;
+    kvp__ucx_armer_t armer = {0};
     for (;;) {
         if (s->stop)
             return;
@@ -1519,23 +1519,10 @@ static void loop(server_t *s)
             spin_until = now + SPIN_NS + copy_ns(s->local_replied);
         s->local_replied = 0;
         int timeout = now < spin_until ? 0 : (s->draining ? 10 : 1000);
-        /* The worker cannot be armed while it has events: poll the sockets
-         * and come back.  (A worker with a dead peer's transport can stay
-         * "busy" with nothing to progress: never let that starve the
-         * sockets, and after a while stop burning the core on it.) */
-        if (timeout && ucp_worker_arm(s->worker) == UCS_ERR_BUSY) {
-            if (did || !busy_since) {
-                busy_since = did ? 0 : now;
-            } else if (now - busy_since > WEDGE_NS) {
-                worker_rebuild(s, 1);
-                busy_since = 0;
-                busy = 0;
-                continue;
-            }
-            timeout = did || ++busy < 1000 ? 0 : 1;
-        } else {
-            busy = 0;
-            busy_since = 0;
+        timeout = kvp__ucx_arm(s->worker, &armer, timeout, did, now, 0, WEDGE_NS);
+        if (timeout < 0) {
+            worker_rebuild(s, 1);
+            continue;
         }
         struct epoll_event evs[16];
         int n = epoll_wait(s->epfd, evs, 16, timeout);

@@ -196,6 +196,21 @@ static inline void put_pattern(kvp_pool_t *p, const char *key, size_t size, uint
     free(v);
 }
 
+/* Waits (up to 3 s) until the pool holds no reservation (a killed client's
+ * put has been aborted), then checks that every committed object is
+ * accounted for; *st: the last stats. */
+static inline void await_reservations_gone(kvp_pool_t *p, kvp_pool_stats_t *st)
+{
+    for (int i = 0; i < 300; i++) {
+        ASSERT_OK(kvp_pool_stats(p, st));
+        if (st->reserved == 0)
+            break;
+        sleep_ms(10);
+    }
+    ASSERT_EQ(st->reserved, 0);
+    ASSERT_EQ(st->committed, st->live + st->evicted + st->removed + st->reset);
+}
+
 /* 1 if key holds the full pattern, 0 if absent; fails on a partial value. */
 static inline int check_pattern(kvp_pool_t *p, const char *key, size_t size, uint8_t seed)
 {

@@ -82,14 +82,7 @@ static void killed_mid_put(int lane)
     close(pfd[0]);
     kvp_pool_t *p = open_ok(uri);
     kvp_pool_stats_t st;
-    for (int i = 0; i < 300; i++) {
-        ASSERT_OK(kvp_pool_stats(p, &st));
-        if (st.reserved == 0)
-            break;
-        sleep_ms(10);
-    }
-    ASSERT_EQ(st.reserved, 0);
-    ASSERT_EQ(st.committed, st.live + st.evicted + st.removed + st.reset);
+    await_reservations_gone(p, &st);
     /* Every object is whole or absent, and the arena holds exactly them. */
     int whole = 0;
     for (int i = 0; i < 3; i++) {
@@ -490,14 +483,7 @@ TEST(test_server_clients_killed_at_random_under_load)
     }
     ASSERT_MSG(ost == KVP_OK, "no connection after the kills: %s", kvp_status_name(ost));
     kvp_pool_stats_t st;
-    for (int i = 0; i < 300; i++) {
-        ASSERT_OK(kvp_pool_stats(p, &st));
-        if (st.reserved == 0)
-            break;
-        sleep_ms(10);
-    }
-    ASSERT_EQ(st.reserved, 0);
-    ASSERT_EQ(st.committed, st.live + st.evicted + st.removed + st.reset);
+    await_reservations_gone(p, &st);
     for (int k = 0; k < 64; k++) /* whatever is stored is whole */
         for (int sz = 0; sz < 8; sz++) {
             char key[64];
