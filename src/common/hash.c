@@ -9,13 +9,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include <openssl/evp.h>
 #include <xxhash.h>
 
 #include "common/cbor.h"
 #include "common/log.h"
+#include "common/random.h"
 
 /* Encode buffer on the stack: a 16-token block is ~100 bytes, a 1024-token
  * block ~5 KiB; bigger blocks spill to the heap. */
@@ -210,17 +210,8 @@ kvp_status_t kvp_hash_none_hash(kvp_hash_algo_t algo, const char *seed, size_t s
         return st;
     if (!seed) {
         /* vLLM without PYTHONHASHSEED: os.urandom(32), whatever the algo. */
-        size_t got = 0;
-        while (got < KVP_HASH_MAX_LEN) {
-            ssize_t r = getrandom(out_p->bytes + got, KVP_HASH_MAX_LEN - got, 0);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0) {
-                kvp_error("hash: none_hash: getrandom failed: %s", strerror(errno));
-                return KVP_ERR_IO;
-            }
-            got += (size_t)r;
-        }
+        if ((st = kvp__random_bytes(out_p->bytes, KVP_HASH_MAX_LEN)) != KVP_OK)
+            return st;
         out_p->len = KVP_HASH_MAX_LEN;
         kvp_warn("hash: no hash seed given: NONE_HASH is random, so no other process will "
                  "produce the same block hashes (set the same PYTHONHASHSEED everywhere)");

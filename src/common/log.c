@@ -37,14 +37,9 @@ int kvp__log_enabled(kvp_log_level_t level)
     return (int)level <= cur;
 }
 
-void kvp__log(kvp_log_level_t level, const char *file, int line, const char *fmt, ...)
+static void emit(kvp_log_level_t level, const char *file, int line, const char *msg)
 {
     static const char tag[] = "EWID";
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     const char *base = strrchr(file, '/');
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -52,4 +47,44 @@ void kvp__log(kvp_log_level_t level, const char *file, int line, const char *fmt
     gmtime_r(&ts.tv_sec, &tm);
     fprintf(stderr, "%02d:%02d:%02d.%03ld kvpool %c %s:%d %s\n", tm.tm_hour, tm.tm_min,
             tm.tm_sec, ts.tv_nsec / 1000000, tag[level], base ? base + 1 : file, line, msg);
+}
+
+void kvp__log(kvp_log_level_t level, const char *file, int line, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    emit(level, file, line, msg);
+}
+
+#define RL_WINDOW_NS 1000000000ull
+
+int kvp__log_rl_pass(kvp__log_rl_t *rl, unsigned long long *suppressed_p)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    unsigned long long last = atomic_load_explicit(&rl->last_ns, memory_order_relaxed);
+    if (last && now - last < RL_WINDOW_NS) {
+        atomic_fetch_add_explicit(&rl->suppressed, 1, memory_order_relaxed);
+        return 0;
+    }
+    atomic_store_explicit(&rl->last_ns, now, memory_order_relaxed);
+    *suppressed_p = atomic_exchange_explicit(&rl->suppressed, 0, memory_order_relaxed);
+    return 1;
+}
+
+void kvp__log_rl(kvp_log_level_t level, const char *file, int line, unsigned long long suppressed,
+                 const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (suppressed && n >= 0 && (size_t)n < sizeof msg)
+        snprintf(msg + n, sizeof msg - (size_t)n, " (and %llu more like it, not logged)", suppressed);
+    emit(level, file, line, msg);
 }

@@ -1,6 +1,7 @@
 #include "store/provider.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,32 +13,59 @@
 #define MFD_HUGETLB 0x0004U
 #endif
 #define HUGE_2M (2u << 20)
+#ifndef MFD_ALLOW_SEALING
+#define MFD_ALLOW_SEALING 0x0002U
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* A memfd arena is shared read-only with other processes (local reads):
+ * once its one writable mapping exists, the file is sealed so that nobody,
+ * whatever the descriptor they reopen through /proc/PID/fd, can resize it
+ * (a shrink would SIGBUS the server) or write it, by write(2) or through a
+ * new shared writable mapping; the server's own mapping keeps writing.
+ * (Another process of the same uid can still write the server's memory
+ * with process_vm_writev or ptrace: the uid is the trust boundary.) */
+#define ARENA_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-static void *map_region(kvp_mem_kind_t kind, int huge, size_t size, int prefault, int *fd_p)
+void *kvp__mem_shared(const char *name, size_t size, int huge, int populate, int *fd_p)
 {
-    int flags = prefault ? MAP_POPULATE : 0;
     *fd_p = -1;
-    if (kind == KVP_MEM_ANON) {
-        flags |= MAP_PRIVATE | MAP_ANONYMOUS | (huge ? MAP_HUGETLB : 0);
-        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
-        return p == MAP_FAILED ? NULL : p;
-    }
-    int fd = memfd_create("kvpool-arena", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | (huge ? MFD_HUGETLB : 0));
     if (fd < 0)
         return NULL;
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
         return NULL;
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags | MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
         return NULL;
     }
+    if (fcntl(fd, F_ADD_SEALS, ARENA_SEALS) != 0) {
+        /* Unsealed, the file must not be shared: keep the mapping private
+         * to this process (no fd to hand out). */
+        kvp_warn("%s: cannot seal the memfd (%s); it will not be shared with other processes", name,
+                 strerror(errno));
+        close(fd);
+        fd = -1;
+    }
     *fd_p = fd;
     return p;
+}
+
+static void *map_region(kvp_mem_kind_t kind, int huge, size_t size, int prefault, int *fd_p)
+{
+    *fd_p = -1;
+    if (kind == KVP_MEM_MEMFD)
+        return kvp__mem_shared("kvpool-arena", size, huge, prefault, fd_p);
+    int flags = (prefault ? MAP_POPULATE : 0) | MAP_PRIVATE | MAP_ANONYMOUS | (huge ? MAP_HUGETLB : 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
 }
 
 kvp_status_t kvp__mem_map(kvp_mem_kind_t kind, kvp_huge_mode_t huge, size_t size, int prefault,

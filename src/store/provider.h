@@ -35,4 +35,12 @@ kvp_status_t kvp__mem_map(kvp_mem_kind_t kind, kvp_huge_mode_t huge, size_t size
                           kvp__mem_t *mem_p);
 void kvp__mem_unmap(kvp__mem_t *mem);
 
+/* A memfd of `size` bytes named `name` (hugetlbfs pages if huge), mapped
+ * shared and writable here (populated if populate), then sealed: nobody,
+ * through any descriptor of it, can write it, grow or shrink it or map it
+ * writable again; this mapping keeps writing.  Returns the mapping and
+ * *fd_p, or NULL (errno set).  *fd_p is -1 if sealing failed (logged): the
+ * mapping is then private to this process (the fd is closed). */
+void *kvp__mem_shared(const char *name, size_t size, int huge, int populate, int *fd_p);
+
 #endif

@@ -151,10 +151,13 @@ static void *arena_try_alloc(kvp__store_t *s, uint64_t size)
 }
 
 /* Space for `size` value bytes, evicting as the watermarks say; NULL when
- * even evicting everything evictable cannot make it fit. */
-static void *arena_alloc(kvp__store_t *s, uint64_t size)
+ * even evicting everything evictable cannot make it fit.  no_evict: only
+ * free space below the high watermark, NULL rather than evict. */
+static void *arena_alloc(kvp__store_t *s, uint64_t size, int no_evict)
 {
     uint64_t need = kvp__tlsf_footprint(size);
+    if (no_evict)
+        return atomic_load(&s->used_bytes) + need > s->high_bytes ? NULL : arena_try_alloc(s, size);
     if (atomic_load(&s->used_bytes) + need > s->high_bytes)
         (void)kvp__evict_until(s, need, s->low_bytes);
     for (;;) {
@@ -213,7 +216,7 @@ uint64_t kvp__store_reap(kvp__store_t *s)
 }
 
 kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen, uint64_t size,
-                                int held, kvp__resv_t **resv_p, void **dst_p, uint32_t *flags_p)
+                                unsigned flags, kvp__resv_t **resv_p, void **dst_p, uint32_t *flags_p)
 {
     *resv_p = NULL;
     *dst_p = NULL;
@@ -241,11 +244,13 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
         kvp_error("store: out of memory reserving a put of %u-byte key", klen);
         return KVP_ERR_NO_MEMORY;
     }
-    void *dst = arena_alloc(s, size);
+    void *dst = arena_alloc(s, size, (flags & KVP_RESV_NO_EVICT) != 0);
     if (!dst) {
         kvp__free(r, sizeof *r);
         if (o)
             kvp__obj_free(s, o);
+        if (flags & KVP_RESV_NO_EVICT)
+            return KVP_ERR_NO_SPACE;
         atomic_fetch_add(&s->put_no_space, 1);
         kvp_debug("store: no space for a %llu-byte value", (unsigned long long)size);
         return KVP_ERR_NO_SPACE;
@@ -258,7 +263,7 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
     memcpy(o->key, key, klen);
     r->obj = o;
     r->hash = h;
-    r->held = held;
+    r->held = (flags & KVP_RESV_HELD) != 0;
     r->deadline_ns = now_ns(s) + s->params.put_timeout_ns;
 
     pthread_mutex_lock(&s->resv_lock);
@@ -332,12 +337,21 @@ void kvp__store_abort(kvp__store_t *s, kvp__resv_t *r)
     kvp__free(r, sizeof *r);
 }
 
+void kvp__store_expire(kvp__store_t *s, kvp__resv_t *r)
+{
+    pthread_mutex_lock(&s->resv_lock);
+    if (!r->expired)
+        s->expired_put++;
+    pthread_mutex_unlock(&s->resv_lock);
+    kvp__store_abort(s, r);
+}
+
 kvp_status_t kvp__store_put(kvp__store_t *s, const void *key, uint32_t klen, const kvp_sgl_t *val,
                             uint64_t total, uint32_t *flags_p)
 {
     kvp__resv_t *r;
     void *dst;
-    kvp_status_t st = kvp__store_reserve(s, key, klen, total, 1, &r, &dst, flags_p);
+    kvp_status_t st = kvp__store_reserve(s, key, klen, total, KVP_RESV_HELD, &r, &dst, flags_p);
     if (st != KVP_OK || !r)
         return st;
     char *p = dst;
@@ -455,6 +469,16 @@ kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
         *size_p = 0;
         *lease_p = NULL;
         return KVP_ERR_NOT_FOUND;
+    }
+    if (atomic_load_explicit(&o->refs, memory_order_relaxed) >= KVP_LEASES_MAX) {
+        /* (leases are only taken under the shard lock: the count cannot
+         * pass this between the check and the add) */
+        kvp__spin_unlock(&sh->lock);
+        *data_p = NULL;
+        *size_p = 0;
+        *lease_p = NULL;
+        kvp_warn("store: an object holds %u read leases; refusing more", KVP_LEASES_MAX);
+        return KVP_ERR_BUSY;
     }
     sh->hits++;
     atomic_fetch_add_explicit(&o->refs, 1, memory_order_acq_rel);

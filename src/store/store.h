@@ -58,7 +58,10 @@ kvp_status_t kvp__store_get(kvp__store_t *s, const void *key, uint32_t klen, con
  * lease on the object and returns its bytes.  *lease_p must be given back
  * with kvp__store_release once the bytes are no longer read; until then the
  * object's space is never reused (it may be removed or evicted from the
- * index meanwhile, but its bytes stay valid).  KVP_OK or KVP_ERR_NOT_FOUND. */
+ * index meanwhile, but its bytes stay valid).  KVP_OK, KVP_ERR_NOT_FOUND, or
+ * KVP_ERR_BUSY when the object already holds KVP_LEASES_MAX leases (its
+ * 32-bit reference count is never allowed near overflow). */
+#define KVP_LEASES_MAX (1u << 31)
 typedef struct kvp__obj kvp__lease_t;
 kvp_status_t kvp__store_acquire(kvp__store_t *s, const void *key, uint32_t klen,
                                 const void **data_p, uint64_t *size_p, kvp__lease_t **lease_p);
@@ -77,18 +80,25 @@ void kvp__store_stats(kvp__store_t *s, kvp_pool_stats_t *st);
  * reserve: KVP_OK with *resv_p and *dst_p (size bytes to fill), or KVP_OK
  * with *resv_p == NULL and KVP_RESULT_EXISTED in *flags_p when the key is
  * already committed, or KVP_ERR_NO_SPACE / KVP_ERR_NO_MEMORY.  A reservation
- * is invisible to readers.  While `held` is 0 the reservation is reclaimed
- * once older than put_timeout (counted in expired_put); a held one (the owner
- * is filling it now) never is.
+ * is invisible to readers.  flags: KVP_RESV_HELD (the owner is filling it
+ * now and applies its own deadline: never reclaimed here; else it is
+ * reclaimed once older than put_timeout, counted in expired_put), and
+ * KVP_RESV_NO_EVICT (only free space is taken: nothing is evicted for it;
+ * KVP_ERR_NO_SPACE, not counted as a failed put, when it does not fit).
  * commit: makes the object visible (KVP_OK), or KVP_OK + EXISTED when another
  * writer committed the key first (ours is discarded), or KVP_ERR_EXPIRED.
  * commit and abort always release the reservation.
  */
+#define KVP_RESV_HELD 0x1u
+#define KVP_RESV_NO_EVICT 0x2u
 kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen, uint64_t size,
-                                int held, kvp__resv_t **resv_p, void **dst_p, uint32_t *flags_p);
+                                unsigned flags, kvp__resv_t **resv_p, void **dst_p, uint32_t *flags_p);
 void kvp__store_resv_hold(kvp__store_t *s, kvp__resv_t *r, int held);
 kvp_status_t kvp__store_commit(kvp__store_t *s, kvp__resv_t *r, uint32_t *flags_p);
 void kvp__store_abort(kvp__store_t *s, kvp__resv_t *r);
+/* Aborts a held reservation its owner gave up on for being too slow (the
+ * owner's put_timeout passed): as abort, counted in expired_put. */
+void kvp__store_expire(kvp__store_t *s, kvp__resv_t *r);
 /* Reclaims expired, unheld reservations now; returns how many. */
 uint64_t kvp__store_reap(kvp__store_t *s);
 

@@ -5,8 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "common/alloc.h"
 #include "store/store.h"
+#include "store/store_int.h"
 #include "store/tlsf.h"
 #include "test.h"
 
@@ -477,7 +483,8 @@ TEST(test_store_create_alloc_failure_leaks_nothing)
     ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
 }
 
-TEST(test_store_memfd_provider)
+/* A 2 MiB store on a memfd arena (as the server's). */
+static kvp__store_t *make_memfd_store(void)
 {
     kvp__store_params_t p;
     kvp__store_params_default(&p);
@@ -486,6 +493,12 @@ TEST(test_store_memfd_provider)
     p.huge = KVP_HUGE_OFF;
     kvp__store_t *s = NULL;
     ASSERT_OK(kvp__store_create(&p, &s));
+    return s;
+}
+
+TEST(test_store_memfd_provider)
+{
+    kvp__store_t *s = make_memfd_store();
     uint32_t f;
     ASSERT_OK(put_str(s, "m", "memfd", 5, &f));
     char buf[5];
@@ -495,7 +508,54 @@ TEST(test_store_memfd_provider)
     kvp__store_destroy(s);
 }
 
-TEST_LIST(T(test_tlsf_alloc_free_coalesces), T(test_tlsf_random_against_invariants),
+/* The memfd is sealed once mapped: no write, resize or writable mapping
+ * through any descriptor of it (another process reopens /proc/PID/fd/N). */
+TEST(test_store_memfd_arena_is_sealed)
+{
+    kvp__store_t *s = make_memfd_store();
+    int fd = kvp__store_arena_fd(s);
+    ASSERT(fd >= 0);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int rw = open(path, O_RDWR);
+    ASSERT(rw >= 0);
+    ASSERT_EQ(pwrite(rw, "x", 1, 0), -1);
+    ASSERT_EQ(errno, EPERM);
+    ASSERT_EQ(ftruncate(rw, 4096), -1);
+    ASSERT_EQ(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    close(rw);
+    uint32_t f;
+    ASSERT_OK(put_str(s, "still", "writable here", 13, &f)); /* the store's own mapping writes */
+    kvp__store_destroy(s);
+}
+
+/* A lease count near the 32-bit limit is refused, never wrapped. */
+TEST(test_store_lease_count_never_wraps)
+{
+    kvp__store_t *s = make_store(1 << 20, 0);
+    uint32_t f;
+    ASSERT_OK(put_str(s, "hot", "v", 1, &f));
+    uint64_t h = kvp__key_hash("hot", 3);
+    kvp__shard_t *sh = kvp__shard_of(s, h);
+    kvp__obj_t *o = kvp__do_find(sh, h, "hot", 3);
+    ASSERT(o != NULL);
+    atomic_store(&o->refs, KVP_LEASES_MAX - 1); /* as if 2^31 - 2 readers held it */
+    const void *d;
+    uint64_t size;
+    kvp__lease_t *l = NULL, *l2 = NULL;
+    ASSERT_OK(kvp__store_acquire(s, "hot", 3, &d, &size, &l));
+    ASSERT_EQ(kvp__store_acquire(s, "hot", 3, &d, &size, &l2), KVP_ERR_BUSY);
+    ASSERT(l2 == NULL);
+    ASSERT_EQ(atomic_load(&o->refs), KVP_LEASES_MAX);
+    kvp__store_release(s, l);
+    atomic_store(&o->refs, 1);
+    ASSERT_OK(kvp__store_acquire(s, "hot", 3, &d, &size, &l));
+    kvp__store_release(s, l);
+    kvp__store_destroy(s);
+}
+
+TEST_LIST(T(test_store_memfd_arena_is_sealed), T(test_store_lease_count_never_wraps),
+          T(test_tlsf_alloc_free_coalesces), T(test_tlsf_random_against_invariants),
           T(test_store_reservation_invisible_until_commit), T(test_store_racing_commits_first_wins),
           T(test_store_put_timeout_reclaims_unheld_reservation), T(test_store_abort_frees_space),
           T(test_store_put_existing_is_idempotent), T(test_store_get_short_buffer_reports_size),
