@@ -10,13 +10,25 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvpool server --listen HOST:PORT --memory SIZE [--metrics-port P]\n"
-               "                     [--token-file F] [--put-timeout DURATION] [--log-level L]\n"
-               "                     [--port-file F] [--no-prefault] [--no-local-reads]\n"
-               "  --listen       IPv4 address and port (port 0 = any free port, see --port-file)\n"
-               "  --memory       arena size, e.g. 4GiB\n"
-               "  --token-file   clients must present this file's first line as token\n"
-               "  --put-timeout  reclaim put reservations not committed within this (default 30s)\n"
+    fprintf(f, "usage: kvpool server --listen HOST:PORT --memory SIZE [--metrics-port P] [--metrics-listen HOST]\n"
+               "                     [--token-file F] [--insecure] [--put-timeout DURATION] [--log-level L]\n"
+               "                     [--port-file F] [--max-conns N] [--max-conns-per-source N]\n"
+               "                     [--no-prefault] [--no-local-reads]\n"
+               "  --listen       IPv4 address and port (port 0 = any free port, see --port-file); an\n"
+               "                 address other than loopback needs --token-file (or --insecure)\n"
+               "  --memory       arena size, e.g. 4GiB (at most the machine's, or the cgroup's, memory)\n"
+               "  --token-file   clients must prove they hold this file's first line (challenge-response;\n"
+               "                 the token never crosses the wire)\n"
+               "  --insecure     serve a network address without a token: anyone who reaches it reads\n"
+               "                 and writes every key\n"
+               "  --metrics-port serve Prometheus text on this port (GET /metrics), on --metrics-listen\n"
+               "                 (default: the --listen address)\n"
+               "  --put-timeout  give up puts whose values stop arriving for this long, and reclaim\n"
+               "                 their reservations (default 30s)\n"
+               "  --max-conns    established connections at most (default 1024, and below the\n"
+               "                 descriptor limit)\n"
+               "  --max-conns-per-source  from one address, without a token (default half of\n"
+               "                 --max-conns)\n"
                "  --no-prefault  do not fault the arena in at start (it is by default)\n"
                "  --no-local-reads  keep the arena private: clients on this host then get values\n"
                "                 over UCX instead of copying them out of the mapped arena\n"
@@ -69,6 +81,10 @@ int kvp_cmd_server(int argc, char **argv)
             p.no_local_reads = 1;
             continue;
         }
+        if (!strcmp(a, "--insecure")) {
+            p.insecure = 1;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
             fprintf(stderr, "kvpool server: %s needs a value\n", a);
@@ -98,6 +114,19 @@ int kvp_cmd_server(int argc, char **argv)
                 return 2;
             }
             p.metrics_port = (uint16_t)port;
+        } else if (!strcmp(a, "--metrics-listen")) {
+            p.metrics_host = v;
+        } else if (!strcmp(a, "--max-conns") || !strcmp(a, "--max-conns-per-source")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 1000000) {
+                fprintf(stderr, "kvpool server: bad %s '%s' (1..1000000)\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--max-conns"))
+                p.max_conns = (uint32_t)n;
+            else
+                p.max_conns_per_source = (uint32_t)n;
         } else if (!strcmp(a, "--token-file")) {
             free(token);
             if (!(token = read_token(v)))
@@ -125,6 +154,8 @@ int kvp_cmd_server(int argc, char **argv)
     p.token = token;
     kvp_status_t st = kvp__server_run(&p);
     free(token);
+    if (st == KVP_ERR_BAD_CONFIG)
+        return 2; /* (said why) */
     if (st != KVP_OK) {
         fprintf(stderr, "kvpool server: %s\n", kvp_status_str(st));
         return 1;

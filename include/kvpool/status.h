@@ -56,6 +56,7 @@ extern "C" {
     X(KVP_ERR_AUTH, -63, "authentication failed")                                  \
     X(KVP_ERR_IO, -64, "I/O error")                                                \
     X(KVP_ERR_REMOTE, -65, "remote side reported an error")                        \
+    X(KVP_ERR_HOST_UNKNOWN, -66, "host name does not resolve")                     \
     X(KVP_ERR_PROTOCOL, -80, "protocol violation")                                 \
     X(KVP_ERR_DECODE, -81, "malformed encoded data")                               \
     X(KVP_ERR_VERSION, -82, "unsupported protocol or format version")              \

@@ -12,6 +12,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "net/wire.h"
 
 /* Arenas up to this size have their pages mapped in when they are mapped
  * (see map_arena). */
@@ -22,6 +23,8 @@ struct kvp__lmap {
     kvp__arena_info_t ai;
     const uint8_t *base;
     uint64_t size;
+    const uint8_t *table;        /* the lease table */
+    uint64_t nslots;
     uint64_t refs;               /* under g_mu */
 };
 
@@ -133,11 +136,25 @@ void kvp__lread_copy(const kvp__cpseg_t *segs, uint32_t n)
 int kvp__lmap_is(const kvp__lmap_t *m, const kvp__arena_info_t *ai)
 {
     return m && m->ai.pid == ai->pid && m->ai.fd == ai->fd && m->ai.dev == ai->dev &&
-           m->ai.ino == ai->ino && m->ai.size == ai->size;
+           m->ai.ino == ai->ino && m->ai.size == ai->size && m->ai.tfd == ai->tfd && m->ai.tdev == ai->tdev &&
+           m->ai.tino == ai->tino && m->ai.tsize == ai->tsize;
 }
 
 const uint8_t *kvp__lmap_base(const kvp__lmap_t *m) { return m->base; }
 uint64_t kvp__lmap_size(const kvp__lmap_t *m) { return m->size; }
+const uint8_t *kvp__lmap_nonce(const kvp__lmap_t *m) { return m->table; }
+
+int kvp__lmap_slot_ok(const kvp__lmap_t *m, uint64_t slot) { return m && slot < m->nslots; }
+
+int kvp__lmap_still_leased(const kvp__lmap_t *m, uint64_t slot, uint64_t gen)
+{
+    if (!kvp__lmap_slot_ok(m, slot))
+        return 0;
+    /* The copy's loads come before this one (the server bumps, then frees). */
+    atomic_thread_fence(memory_order_acquire);
+    const _Atomic uint64_t *g = (const _Atomic uint64_t *)(const void *)(m->table + KVP_WIRE_LR_GEN_OFF);
+    return atomic_load_explicit(&g[slot], memory_order_acquire) == gen;
+}
 
 void kvp__lmap_ref(kvp__lmap_t *m)
 {
@@ -146,23 +163,57 @@ void kvp__lmap_ref(kvp__lmap_t *m)
     pthread_mutex_unlock(&g.mu);
 }
 
-static const uint8_t *map_arena(const kvp__arena_info_t *ai)
+/* Opens /proc/PID/fd/FD read-only if it is the file named by dev, ino and
+ * of at least size bytes; -1 (logged) if not. */
+static int open_file(uint64_t pid, uint64_t fdn, uint64_t dev, uint64_t ino, uint64_t size, const char *what)
 {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%llu/fd/%llu", (unsigned long long)ai->pid, (unsigned long long)ai->fd);
+    snprintf(path, sizeof path, "/proc/%llu/fd/%llu", (unsigned long long)pid, (unsigned long long)fdn);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        kvp_info("local reads: cannot open the server's arena (%s: %s); reading over UCX", path, strerror(errno));
-        return NULL;
+        kvp_info("local reads: cannot open the server's %s (%s: %s); reading over UCX", what, path, strerror(errno));
+        return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_dev != ai->dev || (uint64_t)st.st_ino != ai->ino ||
-        (uint64_t)st.st_size < ai->size || ai->size == 0 || ai->size > (uint64_t)SIZE_MAX) {
-        kvp_info("local reads: %s is not the server's arena (another host or PID namespace); "
-                 "reading over UCX", path);
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino ||
+        (uint64_t)st.st_size < size || size == 0 || size > (uint64_t)SIZE_MAX) {
+        kvp_info("local reads: %s is not the server's %s (another host or PID namespace); reading over UCX", path,
+                 what);
         close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Maps the lease table; NULL if it is not one (logged). */
+static const uint8_t *map_table(const kvp__arena_info_t *ai, uint64_t *nslots_p)
+{
+    int fd = open_file(ai->pid, ai->tfd, ai->tdev, ai->tino, ai->tsize, "lease table");
+    if (fd < 0)
+        return NULL;
+    void *p = ai->tsize >= KVP_WIRE_LR_GEN_OFF ? mmap(NULL, (size_t)ai->tsize, PROT_READ, MAP_SHARED, fd, 0)
+                                               : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) {
+        kvp_warn("local reads: cannot map the server's lease table; reading over UCX");
         return NULL;
     }
+    uint64_t n;
+    memcpy(&n, (const uint8_t *)p + KVP_WIRE_LR_NSLOTS_OFF, sizeof n);
+    if (n == 0 || n > (ai->tsize - KVP_WIRE_LR_GEN_OFF) / 8u) {
+        kvp_warn("local reads: the server's lease table is malformed; reading over UCX");
+        munmap(p, (size_t)ai->tsize);
+        return NULL;
+    }
+    *nslots_p = n;
+    return p;
+}
+
+static const uint8_t *map_arena(const kvp__arena_info_t *ai)
+{
+    int fd = open_file(ai->pid, ai->fd, ai->dev, ai->ino, ai->size, "arena");
+    if (fd < 0)
+        return NULL;
     /* The page tables are filled now, once per process, where that is
      * cheap enough (about 0.1 s per GiB): faulting them in during the
      * copies costs about as much as the copies (docs/transport.md §9).
@@ -202,17 +253,23 @@ kvp_status_t kvp__lmap_get(const kvp__arena_info_t *ai, kvp__lmap_t **m_p)
     pthread_mutex_lock(&g.map_mu);
     kvp__lmap_t *m = lmap_find(ai);
     if (!m) {
-        const uint8_t *base = map_arena(ai);
+        uint64_t nslots = 0;
+        const uint8_t *table = map_table(ai, &nslots);
+        const uint8_t *base = table ? map_arena(ai) : NULL;
         m = base ? kvp__calloc(1, sizeof *m) : NULL;
         if (!m) {
             pthread_mutex_unlock(&g.map_mu);
             if (base)
                 munmap((void *)base, (size_t)ai->size);
+            if (table)
+                munmap((void *)table, (size_t)ai->tsize);
             return base ? KVP_ERR_NO_MEMORY : KVP_ERR_UNSUPPORTED;
         }
         m->ai = *ai;
         m->base = base;
         m->size = ai->size;
+        m->table = table;
+        m->nslots = nslots;
         m->refs = 1;
         pthread_mutex_lock(&g.mu);
         m->next = g.maps;
@@ -241,5 +298,6 @@ void kvp__lmap_put(kvp__lmap_t *m)
         *pp = m->next;
     pthread_mutex_unlock(&g.mu);
     munmap((void *)m->base, (size_t)m->size);
+    munmap((void *)m->table, (size_t)m->ai.tsize);
     kvp__free(m, sizeof *m);
 }

@@ -7,9 +7,13 @@
  * copy itself (streaming stores for large values).
  *
  * Safety: the server leases every value it names in a GET_LOCAL reply until
- * the client releases it or the connection's socket closes, so the bytes
- * read here never change under the copy.  The mapping is PROT_READ: a client
- * cannot write into the arena.
+ * the client releases it, the connection's socket closes or the lease's
+ * deadline passes; in the last two cases it bumps the reply's slot in the
+ * lease table (mapped beside the arena) before the space can be reused, and
+ * the reader checks that slot after copying (kvp__lmap_still_leased), so a
+ * copy that may have read reused bytes is never returned.  Both mappings
+ * are PROT_READ, and the server seals both files: nobody can write into
+ * them or change their size.
  */
 #ifndef KVP_CLIENT_LOCAL_READ_H
 #define KVP_CLIENT_LOCAL_READ_H
@@ -23,6 +27,7 @@
 typedef struct kvp__arena_info {
     uint64_t pid, fd, size, dev, ino;
     int populated; /* its pages are all allocated: mapping them in ahead is free of side effects */
+    uint64_t tfd, tsize, tdev, tino; /* the lease table (net/wire.h) */
 } kvp__arena_info_t;
 
 typedef struct kvp__lmap kvp__lmap_t;
@@ -39,6 +44,12 @@ void kvp__lmap_put(kvp__lmap_t *m);
 int kvp__lmap_is(const kvp__lmap_t *m, const kvp__arena_info_t *ai);
 const uint8_t *kvp__lmap_base(const kvp__lmap_t *m);
 uint64_t kvp__lmap_size(const kvp__lmap_t *m);
+/* The lease table's nonce (KVP_WIRE_LR_NONCE bytes), for the proof. */
+const uint8_t *kvp__lmap_nonce(const kvp__lmap_t *m);
+/* Is slot a slot of the lease table? */
+int kvp__lmap_slot_ok(const kvp__lmap_t *m, uint64_t slot);
+/* After a copy: 1 if slot still holds gen (every byte copied was leased). */
+int kvp__lmap_still_leased(const kvp__lmap_t *m, uint64_t slot, uint64_t gen);
 
 /* One piece of a copy. */
 typedef struct kvp__cpseg {

@@ -66,6 +66,7 @@
 #include "net/handshake.h"
 #include "net/lane.h"
 #include "net/ucx.h"
+#include "net/ucx_addr.h"
 #include "net/wire.h"
 
 #define NBUCKETS 256
@@ -111,6 +112,8 @@ typedef struct pending {
     kvp__cpseg_t *segs;           /* what to copy */
     uint32_t nsegs, segs_cap;
     int release;                  /* the server leased something: RELEASE it */
+    uint64_t lr_slot, lr_gen;     /* the lease table slot and its generation while leased */
+    int repost;                   /* the server was busy: the slice goes again as a GET (progress thread) */
     int copying;                  /* its values are being copied: only that copy's end finishes it */
     int finished;
     int caller_drives;            /* its caller drives the worker: no need to wake the progress thread */
@@ -188,6 +191,7 @@ typedef struct remote {
     uint64_t rel[KVP_RELEASED_MAX];
     uint32_t nrel;
     uint64_t rel_since_ns;
+    pending_t *reposts;            /* GET_LOCALs the server was too busy for, to go again as GETs (under mu) */
 } remote_t;
 
 enum { TRANSPORT_AUTO, TRANSPORT_UCX, TRANSPORT_TCP };
@@ -303,6 +307,8 @@ static void pending_free(pending_t *p)
     kvp__free(p, sizeof *p);
 }
 
+static void wake(remote_t *r);
+
 /* Called with mu held when a side of p finished: retires p if both did.
  * Returns the caller op to complete (after unlocking) when p was its last
  * request, else NULL. */
@@ -314,6 +320,13 @@ static opctx_t *do_maybe_done(remote_t *r, pending_t *p)
     do_remove(r, p);
     if (p->wop == KVP_WOP_GET_LOCAL)
         r->local_inflight--;
+    if (p->repost && p->parent && !p->timed_out && p->status == KVP_OK) {
+        /* (the progress thread posts it again; its op stays open) */
+        p->next = r->reposts;
+        r->reposts = p;
+        wake(r);
+        return NULL;
+    }
     opctx_t *oc = p->parent;
     if (!oc) {
         pthread_cond_broadcast(&r->cv);
@@ -471,6 +484,8 @@ static kvp_status_t do_parse_local(pending_t *p, kvp__mpr_t *b)
         results[i].status = (kvp_status_t)ks;
         results[i].size = size;
         results[i].flags = 0;
+        if (ks == KVP_ERR_BUSY)
+            p->repost = 1; /* (the server holds too much for this connection: over the network then) */
         if (ks != KVP_OK)
             continue;
         p->release = 1;
@@ -487,6 +502,10 @@ static kvp_status_t do_parse_local(pending_t *p, kvp__mpr_t *b)
         if (size) /* more than the caller's buffers hold */
             goto bad;
     }
+    p->lr_slot = kvp__mpr_uint(b);
+    p->lr_gen = kvp__mpr_uint(b);
+    if (b->err || (p->release && !kvp__lmap_slot_ok(p->lmap, p->lr_slot)))
+        goto bad;
     p->nsegs = k;
     return KVP_OK;
 bad:
@@ -515,8 +534,9 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
         (void)kvp__mpr_uint(b);
         p->hello_max_value = kvp__mpr_uint(b);
         if (!b->err && b->p < b->end && !kvp__mpr_nil(b)) {
-            /* the server's arena: [pid, fd, size, dev, ino, populated] */
-            if (kvp__mpr_array(b, 16) < 6)
+            /* the server's arena and lease table: [pid, fd, size, dev, ino,
+             * populated, table fd, size, dev, ino] */
+            if (kvp__mpr_array(b, 16) != 10)
                 return KVP_ERR_PROTOCOL;
             kvp__arena_info_t *a = &p->hello_arena;
             a->pid = kvp__mpr_uint(b);
@@ -525,6 +545,10 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
             a->dev = kvp__mpr_uint(b);
             a->ino = kvp__mpr_uint(b);
             a->populated = kvp__mpr_uint(b) != 0;
+            a->tfd = kvp__mpr_uint(b);
+            a->tsize = kvp__mpr_uint(b);
+            a->tdev = kvp__mpr_uint(b);
+            a->tino = kvp__mpr_uint(b);
             p->hello_has_arena = !b->err;
         }
         break;
@@ -629,6 +653,8 @@ static kvp_status_t do_parse_reply(pending_t *p, kvp__wire_reply_t *rep, size_t 
     }
     case KVP_WOP_GET_LOCAL:
         return do_parse_local(p, b);
+    case KVP_WOP_LOCAL_PROOF:
+        break;
     default:
         return KVP_ERR_PROTOCOL;
     }
@@ -666,17 +692,28 @@ static void local_finish(remote_t *r, pending_t *p, kvp_status_t st)
 {
     int gen = p->gen;
     uint64_t id = p->req_id;
+    if (st == KVP_ERR_BUSY) { /* the server is holding too much: over the network then */
+        p->repost = 1;
+        st = KVP_OK;
+    }
     /* The copy holds the connection: its socket, whose close would end the
      * server's leases, stays open until the copy is done. */
-    int copy = st == KVP_OK && p->nsegs > 0;
+    int copy = st == KVP_OK && p->nsegs > 0 && !p->repost;
     int held = copy && do_hold(r, gen);
     if (copy && !held)
         st = KVP_ERR_CONN_LOST; /* already closed: the bytes may have been reused */
     int release = p->release;
     p->copying = 1;
     pthread_mutex_unlock(&r->mu);
-    if (held)
+    if (held) {
         kvp__lread_copy(p->segs, p->nsegs);
+        /* Still leased all along?  The server bumps the slot's generation
+         * before it lets leased bytes go (a lease past its deadline). */
+        if (!kvp__lmap_still_leased(p->lmap, p->lr_slot, p->lr_gen)) {
+            kvp_warn("remote: a local read outlived its lease (the server's deadline passed mid-copy)");
+            st = KVP_ERR_TIMEOUT;
+        }
+    }
     if (release)
         queue_release(r, gen, id);
     pthread_mutex_lock(&r->mu);
@@ -825,8 +862,6 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 }
 
 /* ---- kvpool's TCP transport (net/lane.h) ---- */
-
-static void wake(remote_t *r);
 
 /* Has a reply's values all arrived, or its frame been handled: finish p. */
 static void lane_complete(remote_t *r, pending_t *p)
@@ -1137,10 +1172,8 @@ static int reap_dead(remote_t *r)
         return 0;
     /* Endpoint first, socket second: when the server sees the socket
      * close, this side no longer reads or writes its memory. */
-    if (d->ep && d->graceful)
-        (void)kvp__ucx_ep_close_flush(r->worker, d->ep, 2000);
-    else if (d->ep)
-        kvp__ucx_ep_close_force(r->worker, d->ep);
+    if (d->ep)
+        (void)kvp__ucx_ep_close(r->worker, d->ep, d->graceful ? 2000 : 0);
     if (d->fd >= 0) {
         epoll_ctl(r->epfd, EPOLL_CTL_DEL, d->fd, NULL);
         /* No lane reader is using the socket when it closes. */
@@ -1233,6 +1266,37 @@ static void replace_worker(remote_t *r, int stuck)
     pthread_mutex_unlock(&r->mu);
 }
 
+static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t off, uint32_t cnt,
+                               int will_drive, int local_ok);
+
+/* GET_LOCALs the server was too busy for go again, as plain GETs
+ * (progress thread). */
+static void run_reposts(remote_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    pending_t *list = r->reposts;
+    r->reposts = NULL;
+    pthread_mutex_unlock(&r->mu);
+    while (list) {
+        pending_t *p = list;
+        list = p->next;
+        opctx_t *oc = p->parent;
+        uint32_t off = p->off, cnt = p->cnt;
+        pending_free(p);
+        kvp_status_t st = post_slice(r, oc, KVP_WOP_GET, off, cnt, 0, 0);
+        if (st == KVP_INPROGRESS)
+            continue;
+        pthread_mutex_lock(&r->mu);
+        if (oc->status == KVP_OK)
+            oc->status = st;
+        for (uint32_t k = off; k < off + cnt; k++)
+            oc->op->results[k].status = st;
+        opctx_t *f = --oc->left == 0 ? oc : NULL;
+        pthread_mutex_unlock(&r->mu);
+        fire(f);
+    }
+}
+
 static void *progress_main(void *arg)
 {
     remote_t *r = arg;
@@ -1263,6 +1327,7 @@ static void *progress_main(void *arg)
             atomic_store(&r->progressed_ns, now);
         if (reap_dead(r))
             continue;
+        run_reposts(r);
         pthread_mutex_lock(&r->mu);
         int req = r->replace_req;
         r->replace_req = 0;
@@ -1274,7 +1339,7 @@ static void *progress_main(void *arg)
         }
         pthread_mutex_lock(&r->mu);
         int waiting = r->dead != NULL; /* senders still inside post() */
-        int stop = r->stop && r->npending == 0 && !waiting;
+        int stop = r->stop && r->npending == 0 && !waiting && !r->reposts;
         pthread_mutex_unlock(&r->mu);
         if (stop)
             break;
@@ -1399,10 +1464,13 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         return KVP_INPROGRESS;
     }
     int caller_drives = p->caller_drives; /* (p may be finished and freed once sent) */
+    /* The server answers on each request's reply endpoint (it never makes
+     * an endpoint from a client's address). */
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send = on_send_done,
         .user_data = a,
+        .flags = UCP_AM_SEND_FLAG_REPLY,
     };
     const void *hdr = p->w.buf;
     size_t hlen = p->w.len;
@@ -1419,10 +1487,8 @@ static kvp_status_t post(remote_t *r, pending_t *p, const void *data, size_t cou
         prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         prm.datatype = ucp_dt_make_iov();
     }
-    if (p->wop == KVP_WOP_PUT && p->payload_bytes >= KVP_RNDV_MIN) {
-        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-        prm.flags = UCP_AM_SEND_FLAG_RNDV;
-    }
+    if (p->wop == KVP_WOP_PUT && p->payload_bytes >= KVP_RNDV_MIN)
+        prm.flags |= UCP_AM_SEND_FLAG_RNDV;
     /* ep is open (senders) and its worker stays (wlock) until this is done */
     int wl = wlock_rd(&r->wlock);
     ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, hdr, hlen, data, count, &prm);
@@ -1480,9 +1546,10 @@ static void post_release(remote_t *r, int gen, const uint64_t *ids, uint32_t n)
     }
     if (m && !m->w.err) {
         ucp_request_param_t prm = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
             .cb.send = release_sent,
             .user_data = m,
+            .flags = UCP_AM_SEND_FLAG_REPLY,
         };
         int wl = wlock_rd(&r->wlock);
         ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, m->w.buf, m->w.len, NULL, 0, &prm);
@@ -1544,9 +1611,10 @@ static int flush_released(remote_t *r, uint64_t now)
     return left;
 }
 
-/* Runs an internal op (hello, stats) to completion on the caller's thread;
- * frees p. */
-static kvp_status_t run_internal(remote_t *r, pending_t *p)
+/* Runs an internal op (hello, stats, proof) to completion on the caller's
+ * thread; frees p, unless keep_p (then *keep_p = p, to be freed by the
+ * caller). */
+static kvp_status_t run_internal(remote_t *r, pending_t *p, pending_t **keep_p)
 {
     kvp_status_t st = post(r, p, NULL, 0, 0);
     if (st != KVP_INPROGRESS) {
@@ -1558,14 +1626,34 @@ static kvp_status_t run_internal(remote_t *r, pending_t *p)
         pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
     st = p->status;
-    pending_free(p);
+    if (keep_p)
+        *keep_p = p;
+    else
+        pending_free(p);
     return st;
 }
 
-/* After the HELLO of connection gen: maps the server's arena when it
- * offers it (or keeps the mapping of the last connection to the same
- * server), so gets on gen can read locally. */
-static void local_setup(remote_t *r, int gen, const kvp__arena_info_t *ai)
+/* Runs an internal request (no keys but `proof`) on the caller's thread. */
+static kvp_status_t run_request(remote_t *r, uint32_t wop, uint64_t key, const kvp_key_t *proof,
+                                pending_t **keep_p)
+{
+    pending_t *p = pending_new(wop, NULL);
+    if (!p)
+        return KVP_ERR_NO_MEMORY;
+    p->req_id = new_id(r);
+    kvp__wire_req_encode(&p->w, wop, p->req_id, r->timeout_ms, key, proof, proof ? 1 : 0, NULL);
+    if (p->w.err) {
+        pending_free(p);
+        return KVP_ERR_NO_MEMORY;
+    }
+    return run_internal(r, p, keep_p);
+}
+
+/* After the HELLO of connection gen: maps the server's arena and lease
+ * table when it offers them (or keeps the mapping of the last connection
+ * to the same server) and proves it to the server, so gets on gen can read
+ * locally. */
+static void local_setup(remote_t *r, int gen, uint64_t key, const kvp__arena_info_t *ai)
 {
     pthread_mutex_lock(&r->mu);
     kvp__lmap_t *have = r->lmap;
@@ -1580,55 +1668,99 @@ static void local_setup(remote_t *r, int gen, const kvp__arena_info_t *ai)
         old = r->lmap;
         r->lmap = m;
     }
+    m = r->lmap;
+    if (m)
+        kvp__lmap_ref(m);
+    pthread_mutex_unlock(&r->mu);
+    kvp__lmap_put(old);
+    if (!m)
+        return;
+    uint8_t proof[KVP_WIRE_LR_PROOF];
+    kvp__wire_lr_proof(kvp__lmap_nonce(m), key, proof);
+    kvp_key_t pk = {proof, sizeof proof};
+    kvp_status_t st = run_request(r, KVP_WOP_LOCAL_PROOF, key, &pk, NULL);
+    kvp__lmap_put(m);
+    if (st != KVP_OK) {
+        kvp_info("remote: the server did not take this process's local-read proof (%s); reading over UCX",
+                 kvp_status_str(st));
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
     if (r->lmap && r->gen == gen && r->connected)
         r->lmap_gen = gen;
     pthread_mutex_unlock(&r->mu);
-    kvp__lmap_put(old);
+}
+
+/* The endpoint to the server's worker address, which is checked first
+ * (UCX would parse it unchecked). */
+static kvp_status_t ucx_endpoint(remote_t *r, const kvp__hs_result_t *hs, int quiet, ucp_ep_h *ep_p)
+{
+    ucp_address_t *my = NULL;
+    size_t my_len = 0;
+    if (ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)
+        return KVP_ERR_IO;
+    const char *why = NULL;
+    kvp_status_t st = kvp__ucx_addr_check(hs->addr, hs->addr_len, my, my_len, &why);
+    ucp_worker_release_address(r->worker, my);
+    if (st != KVP_OK) {
+        if (quiet)
+            kvp_info("remote: %s:%u's UCX address refused (%s); using kvpool's TCP transport", r->host, r->port, why);
+        else
+            kvp_error("remote: %s:%u's UCX address refused: %s", r->host, r->port, why);
+        return KVP_ERR_UNSUPPORTED;
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = hs->addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_NONE,
+        .err_handler = {.cb = on_ep_error, .arg = r},
+    };
+    ucs_status_t us = ucp_ep_create(r->worker, &ep, ep_p);
+    if (us != UCS_OK) {
+        if (quiet)
+            kvp_info("remote: no UCX endpoint to %s:%u (%s); using kvpool's TCP transport", r->host, r->port,
+                     ucs_status_string(us));
+        else
+            kvp_error("remote: UCX endpoint to %s:%u: %s", r->host, r->port, ucs_status_string(us));
+        return KVP_ERR_UNSUPPORTED;
+    }
+    return KVP_OK;
 }
 
 static kvp_status_t connect_locked(remote_t *r)
 {
-    /* kvpool's TCP transport: the hello carries no worker address. */
-    int lane = r->use_lane;
-    ucp_address_t *my = NULL;
-    size_t my_len = 0;
     /* The worker may not be replaced while this connects on it. */
     int wl = wlock_rd(&r->wlock);
     pthread_mutex_lock(&r->mu);
     int replacing = r->replacing;
     pthread_mutex_unlock(&r->mu);
-    if (replacing || (!lane && ucp_worker_get_address(r->worker, &my, &my_len) != UCS_OK)) {
+    if (replacing) {
         wunlock(&r->wlock, wl);
-        return replacing ? KVP_ERR_CONN_LOST : KVP_ERR_IO;
+        return KVP_ERR_CONN_LOST;
     }
-    int fd = -1;
-    uint64_t key = 0;
-    void *srv = NULL;
-    uint32_t srv_len = 0;
-    kvp_status_t st = kvp__hs_client(r->host, r->port, r->token, my, (uint32_t)my_len, r->timeout_ms,
-                                     &fd, &key, &srv, &srv_len);
-    if (my)
-        ucp_worker_release_address(r->worker, my);
+    kvp__hs_want_t want = r->use_lane ? KVP_HS_WANT_TCP
+                          : r->transport == TRANSPORT_UCX ? KVP_HS_WANT_UCX_ONLY
+                                                          : KVP_HS_WANT_UCX;
+    kvp__hs_result_t hs;
+    kvp_status_t st = kvp__hs_client(r->host, r->port, r->token, want, r->timeout_ms, &hs);
+    ucp_ep_h h = NULL;
+    if (st == KVP_OK && hs.transport == KVP_HS_UCX) {
+        st = ucx_endpoint(r, &hs, want == KVP_HS_WANT_UCX, &h);
+        kvp__free(hs.addr, hs.addr_len);
+        if (st != KVP_OK) {
+            close(hs.fd);
+            /* transport=auto: the server is still there, over TCP */
+            if (want == KVP_HS_WANT_UCX)
+                st = kvp__hs_client(r->host, r->port, r->token, KVP_HS_WANT_TCP, r->timeout_ms, &hs);
+        }
+    }
     if (st != KVP_OK) {
         wunlock(&r->wlock, wl);
         return st;
     }
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .address = srv,
-        .err_mode = UCP_ERR_HANDLING_MODE_NONE,
-        .err_handler = {.cb = on_ep_error, .arg = r},
-    };
-    ucp_ep_h h = NULL;
-    ucs_status_t us = lane ? UCS_OK : ucp_ep_create(r->worker, &ep, &h);
-    kvp__free(srv, srv_len);
-    if (us != UCS_OK) {
-        wunlock(&r->wlock, wl);
-        kvp_error("remote: UCX endpoint to %s:%u: %s", r->host, r->port, ucs_status_string(us));
-        close(fd);
-        return KVP_ERR_CONN_REFUSED;
-    }
+    int fd = hs.fd, lane = hs.transport == KVP_HS_TCP;
+    uint64_t key = hs.conn_key;
     pthread_mutex_lock(&r->mu);
     r->ep = h;
     r->tcp_fd = fd;
@@ -1641,25 +1773,15 @@ static kvp_status_t connect_locked(remote_t *r)
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
     epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev);
     wake(r);
-    /* A ping over UCX: proves the data path works and learns the limits. */
-    pending_t *p = pending_new(KVP_WOP_HELLO, NULL);
-    if (!p)
-        return KVP_ERR_NO_MEMORY;
-    p->req_id = new_id(r);
-    kvp__wire_req_encode(&p->w, KVP_WOP_HELLO, p->req_id, r->timeout_ms, key, NULL, 0, NULL);
-    kvp_status_t s = post(r, p, NULL, 0, 0);
-    if (s == KVP_INPROGRESS) {
-        pthread_mutex_lock(&r->mu);
-        while (!p->finished)
-            pthread_cond_wait(&r->cv, &r->mu);
-        pthread_mutex_unlock(&r->mu);
-        s = p->status;
-        if (s == KVP_OK)
-            r->max_value = p->hello_max_value;
-    }
-    if (s == KVP_OK && !lane && r->local_reads)
-        local_setup(r, my_gen, p->hello_has_arena ? &p->hello_arena : NULL);
-    pending_free(p);
+    /* A ping: proves the data path works and learns the limits. */
+    pending_t *p = NULL;
+    kvp_status_t s = run_request(r, KVP_WOP_HELLO, key, NULL, &p);
+    if (s == KVP_OK)
+        r->max_value = p->hello_max_value;
+    if (s == KVP_OK && !lane && r->local_reads && p->hello_has_arena)
+        local_setup(r, my_gen, key, &p->hello_arena);
+    if (p)
+        pending_free(p);
     if (s != KVP_OK) {
         kvp_error("remote: %s:%u does not answer over %s: %s", r->host, r->port,
                   lane ? "the TCP transport" : "UCX", kvp_status_str(s));
@@ -1762,10 +1884,10 @@ static uint64_t sgl_len(const kvp_sgl_t *v)
 
 /* Builds and posts the request for keys [off, off+cnt) of the op. */
 static kvp_status_t post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint32_t off, uint32_t cnt,
-                               int will_drive)
+                               int will_drive, int local_ok)
 {
     kvp_op_t *op = oc->op;
-    if (wop == KVP_WOP_GET && r->local_reads) {
+    if (wop == KVP_WOP_GET && r->local_reads && local_ok) {
         uint64_t cap = 0;
         for (uint32_t i = 0; i < cnt; i++)
             cap += sgl_len(&op->values[off + i]);
@@ -1885,7 +2007,7 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
     uint32_t off = 0, posted = 0;
     for (uint32_t i = 0; i < nslices; i++) {
         uint32_t cnt = n ? slice_len(op, off) : 0;
-        st = post_slice(r, oc, wop, off, cnt, will_drive);
+        st = post_slice(r, oc, wop, off, cnt, will_drive, 1);
         if (st != KVP_INPROGRESS)
             break;
         posted++;
@@ -1924,7 +2046,7 @@ static kvp_status_t remote_stats(void *impl, kvp_pool_stats_t *stp)
     p->stats_out = stp;
     p->req_id = new_id(r);
     kvp__wire_req_encode(&p->w, KVP_WOP_STATS, p->req_id, r->timeout_ms, r->conn_key, NULL, 0, NULL);
-    return run_internal(r, p); /* fills *stp from the reply */
+    return run_internal(r, p, NULL); /* fills *stp from the reply */
 }
 
 static uint64_t remote_max_value(void *impl)

@@ -91,6 +91,47 @@ static void tune(ucp_config_t *cfg)
     }
 }
 
+/*
+ * kvpool never lets UCX use tcp.  UCX's tcp transport listens on every
+ * interface whatever the server's --listen says, and whoever reaches that
+ * listener makes UCX parse a worker address they wrote (ucp_address_unpack
+ * does not check its input: one bad address asserts or crashes the
+ * process).  Kept to shared memory (reachable only by processes of this uid
+ * on this host) and RDMA, UCX parses only what trusted peers send; peers
+ * across a plain network use kvpool's own TCP transport (net/lane.h), whose
+ * frames kvpool decodes itself.  So UCX_TLS is honoured minus tcp:
+ * unset or "all" becomes "^tcp", an exclusion list gets tcp added, tcp is
+ * dropped from an inclusion list, and a list of tcp alone leaves "self"
+ * (UCX then reaches no other process; clients use kvpool's TCP transport).
+ */
+static void tls_without_tcp(const char *asked, char *out, size_t cap)
+{
+    if (!asked || !asked[0] || !strcmp(asked, "all")) {
+        snprintf(out, cap, "^tcp");
+        return;
+    }
+    if (asked[0] == '^') {
+        snprintf(out, cap, "%s,tcp", asked);
+        return;
+    }
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s", asked);
+    out[0] = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "tcp"))
+            continue;
+        if (!strcmp(t, "all")) {
+            snprintf(out, cap, "^tcp");
+            return;
+        }
+        size_t n = strlen(out);
+        snprintf(out + n, cap - n, "%s%s", n ? "," : "", t);
+    }
+    if (!out[0])
+        snprintf(out, cap, "self");
+}
+
 kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h *ctx_p,
                            ucp_worker_h *worker_p)
 {
@@ -102,14 +143,24 @@ kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h 
     }
     int multi_thread = role == KVP_UCX_CLIENT;
     tune(cfg);
+    const char *asked = getenv("UCX_TLS");
+    char tls[600];
+    tls_without_tcp(asked, tls, sizeof tls);
+    if ((st = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) {
+        kvp_error("%s: UCX_TLS=%s: %s", who, tls, ucs_status_string(st));
+        ucp_config_release(cfg);
+        return KVP_ERR_IO;
+    }
+    if (asked && strcmp(asked, tls) != 0 && strstr(asked, "tcp"))
+        kvp_info("%s: UCX_TLS=%s: kvpool keeps tcp out of UCX (its own TCP transport serves network peers): "
+                 "using %s", who, asked, tls);
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
         .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = multi_thread,
     };
     st = ucp_init(&params, cfg, ctx_p);
-    const char *asked = getenv("UCX_TLS");
-    if (st != UCS_OK && asked && ucp_config_modify(cfg, "TLS", "all") == UCS_OK) {
+    if (st != UCS_OK && asked && ucp_config_modify(cfg, "TLS", "^tcp") == UCS_OK) {
         /* The transports asked for are missing here (say RDMA on a host
          * without a NIC): fall back to whatever UCX finds, loudly. */
         kvp_warn("%s: UCX_TLS=%s unusable here (%s); falling back to all available transports",
@@ -131,9 +182,7 @@ kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h 
         ucp_cleanup(*ctx_p);
         return KVP_ERR_IO;
     }
-    const char *tls = getenv("UCX_TLS");
-    kvp_info("%s: UCX transports available: %s (UCX_TLS=%s)", who, kvp__ucx_transports(*ctx_p),
-             tls ? tls : "default");
+    kvp_info("%s: UCX transports available: %s (UCX_TLS=%s)", who, kvp__ucx_transports(*ctx_p), tls);
     return KVP_OK;
 }
 
@@ -145,32 +194,18 @@ void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker)
         ucp_cleanup(ctx);
 }
 
-void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep)
-{
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
-    if (sp && !UCS_PTR_IS_ERR(sp)) {
-        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-            ucp_worker_progress(worker);
-        ucp_request_free(sp);
-    }
-}
-
-int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms)
+int kvp__ucx_ep_close(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms)
 {
     ucp_request_param_t prm = {.op_attr_mask = 0};
     ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
-    if (sp == NULL)
-        return 1;
-    if (UCS_PTR_IS_ERR(sp))
+    if (sp == NULL || UCS_PTR_IS_ERR(sp))
         return 1; /* the endpoint is released even when the flush failed */
     uint64_t until = kvp__now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (ucp_request_check_status(sp) == UCS_INPROGRESS && kvp__now_ns() < until)
         ucp_worker_progress(worker);
-    if (ucp_request_check_status(sp) == UCS_INPROGRESS)
-        return 0;
-    ucp_request_free(sp);
-    return 1;
+    int done = ucp_request_check_status(sp) != UCS_INPROGRESS;
+    ucp_request_free(sp); /* (a close still pending frees its request when it ends) */
+    return done;
 }
 
 int kvp__ucx_arm(ucp_worker_h worker, kvp__ucx_armer_t *a, int timeout, int did, uint64_t now,

@@ -1,7 +1,8 @@
 /*
  * UCX set-up shared by the server and the remote client: one context with
  * active messages, one worker, and a readable list of the transports UCX
- * found (logged at start so operators see shm vs tcp vs rdma).
+ * found (logged at start so operators see shm vs rdma).  UCX never uses tcp
+ * in kvpool (see kvp__ucx_open).
  */
 #ifndef KVP_NET_UCX_H
 #define KVP_NET_UCX_H
@@ -23,15 +24,15 @@ kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h 
 void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker);
 /* "posix sysv cma tcp ..." — the transports UCX may use (static buffer). */
 const char *kvp__ucx_transports(ucp_context_h ctx);
-/* Closes ep without waiting for the peer (UCP_EP_CLOSE_FLAG_FORCE),
- * progressing the worker until the close completes; requests UCX tracks on
- * the endpoint complete with UCS_ERR_CANCELED meanwhile. */
-void kvp__ucx_ep_close_force(ucp_worker_h worker, ucp_ep_h ep);
-/* Closes ep by flushing what is outstanding on it first; returns 1 when the
- * close completed within timeout_ms, 0 otherwise (the close then stays
- * pending and goes away with the worker; the endpoint must not be used or
- * closed again either way). */
-int kvp__ucx_ep_close_flush(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms);
+/* Closes ep by flushing what is outstanding on it first, progressing the
+ * worker for up to timeout_ms (0: only starts it); returns 1 when the close
+ * completed, 0 otherwise: the close then stays pending and ends with the
+ * worker, and so do the requests still outstanding on it, whose callbacks
+ * may never run (their owners give them up).  The endpoint must not be used
+ * or closed again either way.  (UCX 1.13 cannot force-close: that needs
+ * UCP_ERR_HANDLING_MODE_PEER, which its shared-memory transports lack, so
+ * an endpoint to a dead peer never flushes.) */
+int kvp__ucx_ep_close(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms);
 /* Sets the handler of active message `id` on worker (whole messages only:
  * kvpool's headers and values arrive in one piece). */
 ucs_status_t kvp__ucx_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void *arg);

@@ -2,12 +2,24 @@
 
 #include <string.h>
 
+#include <openssl/sha.h>
+
 #include "common/log.h"
 
 static int op_has_keys(uint64_t op)
 {
     return op != KVP_WOP_IN_DATA && op != KVP_WOP_HELLO && op != KVP_WOP_REMOVE_ALL &&
            op != KVP_WOP_STATS && op != KVP_WOP_RELEASE;
+}
+
+void kvp__wire_lr_proof(const uint8_t nonce[KVP_WIRE_LR_NONCE], uint64_t conn_key, uint8_t out[KVP_WIRE_LR_PROOF])
+{
+    uint8_t msg[KVP_WIRE_LR_NONCE + 8], md[SHA256_DIGEST_LENGTH];
+    memcpy(msg, nonce, KVP_WIRE_LR_NONCE);
+    for (int i = 0; i < 8; i++)
+        msg[KVP_WIRE_LR_NONCE + i] = (uint8_t)(conn_key >> (56 - 8 * i));
+    SHA256(msg, sizeof msg, md);
+    memcpy(out, md, KVP_WIRE_LR_PROOF);
 }
 
 void kvp__wire_req_encode(kvp__mpw_t *w, uint32_t op, uint64_t req_id, uint32_t timeout_ms,
@@ -59,7 +71,7 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
     kvp__mpr_t r;
     memset(req, 0, sizeof *req);
     if (!hdr || len == 0 || len > KVP_WIRE_HEADER_MAX) {
-        kvp_warn("wire: request header of %zu bytes (1..%u)", len, KVP_WIRE_HEADER_MAX);
+        kvp_warn_rl("wire: request header of %zu bytes (1..%u)", len, KVP_WIRE_HEADER_MAX);
         return KVP_ERR_PROTOCOL;
     }
     kvp__mpr_init(&r, hdr, len);
@@ -70,7 +82,7 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
     if (r.err)
         goto bad;
     if (ver != KVP_WIRE_VERSION) {
-        kvp_warn("wire: protocol version %llu (this server speaks %u)", (unsigned long long)ver,
+        kvp_warn_rl("wire: protocol version %llu (this server speaks %u)", (unsigned long long)ver,
                  KVP_WIRE_VERSION);
         return KVP_ERR_VERSION;
     }
@@ -133,7 +145,7 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
         goto bad;
     return KVP_OK;
 bad:
-    kvp_warn("wire: malformed request header (%zu bytes)", len);
+    kvp_warn_rl("wire: malformed request header (%zu bytes)", len);
     return KVP_ERR_PROTOCOL;
 }
 

@@ -37,7 +37,11 @@
 #define KVP_AM_REQUEST 11u
 #define KVP_AM_REPLY 12u
 #define KVP_RELEASED_MAX 64u /* GET_LOCALs one request may release */
-#define KVP_WIRE_HEADER_MAX (KVP_BATCH_MAX * (KVP_KEY_MAX + 16u) + KVP_RELEASED_MAX * 9u + 256u)
+/* The longest request or reply header: kvpool's clients send at most 256
+ * keys per request (under 140 KB), so 4 MiB leaves room for tools that
+ * batch more (65,536 keys of up to 60 bytes) without letting one request
+ * make the server hold tens of megabytes. */
+#define KVP_WIRE_HEADER_MAX (4u << 20)
 #define KVP_WIRE_TOKEN_MAX 256u
 #define KVP_AM_HDR_MAX 4096u /* UCX carries AM headers in one segment */
 /* Values at least this large always travel by rendezvous (UCP_AM_SEND_FLAG_RNDV):
@@ -61,7 +65,8 @@ typedef enum kvp_wire_op {
     KVP_WOP_STATS = 10,
     KVP_WOP_GET_LOCAL = 11, /* a get whose values the client copies out of the mapped arena */
     KVP_WOP_RELEASE = 12,   /* ends a GET_LOCAL's leases; never answered */
-    KVP_WOP_MAX = 12
+    KVP_WOP_LOCAL_PROOF = 13, /* the client shows it mapped the lease table: keys = [proof] */
+    KVP_WOP_MAX = 13
 } kvp_wire_op_t;
 
 /* A decoded request.  keys[] and sizes[] point into caller arrays; key bytes
@@ -93,20 +98,45 @@ int kvp__wire_req_add_released(kvp__mpw_t *w, const uint64_t *ids, uint32_t n);
 kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *req,
                                   kvp_key_t *keys_buf, uint64_t *sizes_buf, uint32_t max_keys);
 
+/* Local reads.  The server's lease table is a second memfd, mapped
+ * read-only by clients next to the arena:
+ *   [0, 32)   nonce: a client proves it mapped the table (so sits on this
+ *             host, with the server's uid) by a LOCAL_PROOF request whose
+ *             one key is kvp__wire_lr_proof(nonce, conn_key); only then are
+ *             its GET_LOCALs served
+ *   [32, 40)  the number of slots (u64, host order)
+ *   [64, ...) one u64 generation per slot (host order): a GET_LOCAL's reply
+ *             names its slot and generation; the server bumps the
+ *             generation before it ends the leases of an unreleased
+ *             GET_LOCAL (deadline, connection gone), so a client that reads
+ *             the generation unchanged after copying knows it copied bytes
+ *             still leased to it. */
+#define KVP_WIRE_LR_NONCE 32u
+#define KVP_WIRE_LR_PROOF 16u
+#define KVP_WIRE_LR_NSLOTS_OFF 32u
+#define KVP_WIRE_LR_GEN_OFF 64u
+void kvp__wire_lr_proof(const uint8_t nonce[KVP_WIRE_LR_NONCE], uint64_t conn_key,
+                        uint8_t out[KVP_WIRE_LR_PROOF]);
+
 /* Reply header, first part: [version, op, req_id, status, ...]; the caller
  * appends the op's fields:
  *   HELLO:      [protocol, max_batch, max_value, arena]
- *               arena: [pid, fd, size, dev, ino, populated] of the server's
- *               arena memfd (a client on the same host may map it, read
- *               only, for GET_LOCAL), or nil
+ *               arena: [pid, fd, size, dev, ino, populated, table_fd,
+ *               table_size, table_dev, table_ino]: the server's arena memfd
+ *               and its lease table (a client on the same host may map both,
+ *               read only, for GET_LOCAL), or nil (the client is not on the
+ *               server's host, or local reads are off)
+ *   LOCAL_PROOF: none (status OK: GET_LOCAL is served on this connection
+ *               from now on; KVP_ERR_AUTH: wrong proof)
  *   (a request that could not be decoded is answered with op 0, req_id 0)
  *   EXISTS:     bin of n bytes (0/1)
  *   PREFIX:     uint m
  *   PUT/REMOVE/PIN/UNPIN, GET: array of n [status(int), flags_or_size(uint)]
- *   GET_LOCAL:  array of n [status(int), size(uint), offset(uint)]: each found
- *               value lies at offset in the arena, leased until the client
- *               sends RELEASE with the GET_LOCAL's req_id (or its connection
- *               closes)
+ *   GET_LOCAL:  array of n [status(int), size(uint), offset(uint)], then
+ *               slot(uint), gen(uint): each found value lies at offset in the
+ *               arena, leased until the client sends RELEASE with the
+ *               GET_LOCAL's req_id (or its connection closes, or the lease
+ *               deadline passes: then table[slot] != gen)
  *   RELEASE:    none (no reply is sent; the request releases req_id and
  *               whatever its released field names)
  *   REMOVE_ALL: uint removed

@@ -1,6 +1,8 @@
 #include "server/metrics.h"
 
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,7 +18,7 @@ struct kvp__metrics {
 
 static const char *const g_op_names[KVP_WOP_MAX + 1] = {
     "invalid", "hello", "exists", "prefix", "put", "get", "remove", "pin", "unpin", "remove_all", "stats",
-    "get_local", "release",
+    "get_local", "release", "local_proof",
 };
 
 void kvp__metrics_observe(kvp__server_counters_t *c, uint32_t op, uint64_t ns)
@@ -77,8 +79,39 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
             "# TYPE kvpool_local_read_leases gauge\nkvpool_local_read_leases %llu\n"
             "# TYPE kvpool_local_read_leased_bytes gauge\nkvpool_local_read_leased_bytes %llu\n",
         (unsigned long long)atomic_load(&c->local_leases), (unsigned long long)atomic_load(&c->local_bytes));
-    out(&b, "# TYPE kvpool_connections gauge\nkvpool_connections %llu\n",
+    out(&b, "# HELP kvpool_local_read_groups GET_LOCAL requests whose leases are not released yet.\n"
+            "# TYPE kvpool_local_read_groups gauge\nkvpool_local_read_groups %llu\n"
+            "# TYPE kvpool_local_read_expired_total counter\nkvpool_local_read_expired_total %llu\n"
+            "# TYPE kvpool_local_read_bogus_releases_total counter\nkvpool_local_read_bogus_releases_total %llu\n",
+        (unsigned long long)atomic_load(&c->local_groups), (unsigned long long)atomic_load(&c->local_expired),
+        (unsigned long long)atomic_load(&c->local_bogus));
+    out(&b, "# HELP kvpool_connections Connections the server holds (in the handshake, established, closing).\n"
+            "# TYPE kvpool_connections gauge\nkvpool_connections %llu\n",
         (unsigned long long)atomic_load(&c->connections));
+    out(&b, "# TYPE kvpool_handshakes gauge\nkvpool_handshakes %llu\n"
+            "# TYPE kvpool_handshakes_dropped_total counter\n"
+            "kvpool_handshakes_dropped_total{reason=\"timeout\"} %llu\n"
+            "kvpool_handshakes_dropped_total{reason=\"displaced\"} %llu\n"
+            "kvpool_handshakes_dropped_total{reason=\"malformed\"} %llu\n",
+        (unsigned long long)atomic_load(&c->handshakes), (unsigned long long)atomic_load(&c->hs_dropped[0]),
+        (unsigned long long)atomic_load(&c->hs_dropped[1]), (unsigned long long)atomic_load(&c->hs_dropped[2]));
+    out(&b, "# TYPE kvpool_connections_refused_total counter\n"
+            "kvpool_connections_refused_total{reason=\"max_conns\"} %llu\n"
+            "kvpool_connections_refused_total{reason=\"per_source\"} %llu\n"
+            "kvpool_connections_refused_total{reason=\"draining\"} %llu\n"
+            "kvpool_connections_refused_total{reason=\"fd_limit\"} %llu\n",
+        (unsigned long long)atomic_load(&c->refused[0]), (unsigned long long)atomic_load(&c->refused[1]),
+        (unsigned long long)atomic_load(&c->refused[2]), (unsigned long long)atomic_load(&c->refused[3]));
+    out(&b, "# TYPE kvpool_put_expired_total counter\nkvpool_put_expired_total %llu\n"
+            "# TYPE kvpool_abandoned_total counter\nkvpool_abandoned_total{kind=\"reply\"} %llu\n"
+            "kvpool_abandoned_total{kind=\"put\"} %llu\n",
+        (unsigned long long)atomic_load(&c->put_expired), (unsigned long long)atomic_load(&c->abandoned[0]),
+        (unsigned long long)atomic_load(&c->abandoned[1]));
+    out(&b, "# HELP kvpool_held_bytes Memory clients hold in the server while their requests arrive.\n"
+            "# TYPE kvpool_held_bytes gauge\nkvpool_held_bytes{kind=\"put_reserved\"} %llu\n"
+            "kvpool_held_bytes{kind=\"put_staged\"} %llu\nkvpool_held_bytes{kind=\"request_headers\"} %llu\n",
+        (unsigned long long)atomic_load(&c->put_resv_bytes), (unsigned long long)atomic_load(&c->staged_bytes),
+        (unsigned long long)atomic_load(&c->header_bytes));
     uint64_t acc = atomic_load(&c->accepted), acc_tcp = atomic_load(&c->accepted_tcp);
     out(&b, "# TYPE kvpool_connections_accepted_total counter\n"
             "kvpool_connections_accepted_total{transport=\"ucx\"} %llu\n"
@@ -154,22 +187,31 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ret;
 }
 
-kvp_status_t kvp__metrics_start(uint16_t port, kvp__store_t *store, kvp__server_counters_t *c,
+kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__store_t *store, kvp__server_counters_t *c,
                                 kvp__metrics_t **m_p)
 {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        kvp_error("metrics: '%s' is not an IPv4 address", host);
+        return KVP_ERR_INVALID_ARG;
+    }
     kvp__metrics_t *m = kvp__calloc(1, sizeof *m);
     if (!m)
         return KVP_ERR_NO_MEMORY;
     m->store = store;
     m->c = c;
-    m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, port, NULL, NULL, on_http, m,
-                            MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+    /* epoll, not select: the server may hold more than 1,024 descriptors
+     * (the endpoint must stay up exactly when something floods it); idle
+     * connections are closed after 10 s, so 64 of them cannot blind it. */
+    m->d = MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD, port, NULL, NULL, on_http, m,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 64u,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     if (!m->d) {
-        kvp_error("metrics: cannot serve on port %u", port);
+        kvp_error("metrics: cannot serve on %s:%u", host, port);
         kvp__free(m, sizeof *m);
         return KVP_ERR_IO;
     }
-    kvp_info("metrics: Prometheus text on http://0.0.0.0:%u/metrics", port);
+    kvp_info("metrics: Prometheus text on http://%s:%u/metrics", host, port);
     *m_p = m;
     return KVP_OK;
 }

@@ -20,9 +20,12 @@ typedef struct kvp__server_params {
     uint64_t put_timeout_ns;
     uint16_t metrics_port;      /* 0 = no metrics endpoint */
     const char *port_file;      /* if set, the bound port is written there once listening */
-    uint32_t max_conns;         /* 0 = 1024 */
+    const char *metrics_host;   /* NULL = host */
+    uint32_t max_conns;         /* 0 = 1024 (clamped below the descriptor limit) */
+    uint32_t max_conns_per_source; /* without a token: 0 = max_conns / 2; with one: no cap */
     int no_prefault;            /* do not fault the arena in at start */
     int no_local_reads;         /* arena in private memory: clients on this host cannot map it */
+    int insecure;               /* allow a non-loopback listener without a token */
 } kvp__server_params_t;
 
 kvp_status_t kvp__server_run(const kvp__server_params_t *params);

@@ -44,7 +44,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp__hs_hello_t h;
     size_t used;
     if (kvp__hs_parse_hello(buf, size, &h, &used) == KVP_OK &&
-        (used > size || (h.addr_len == 0) != (h.addr == NULL)))
+        (used > size || used > KVP_HS_BUF_MAX || (h.version != KVP_HS_V1 && h.version != KVP_HS_V2) ||
+         (h.token_len == 0) != (h.token == NULL) || h.token_len > KVP_HS_TOKEN_MAX))
+        abort();
+    kvp__hs_response_t hr;
+    if (kvp__hs_parse_response(buf, size, &hr, &used) == KVP_OK && (used != KVP_HS_RESPONSE || hr.transport > 1))
         abort();
     uint32_t hl;
     uint64_t dl;

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -28,8 +29,12 @@ typedef struct {
     char uri[128];
     char dir[64];
     uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
-    const char *extra;      /* set before server_start: one more server flag (e.g. --no-local-reads) */
+    const char *extra;      /* set before server_start: more server flags, space-separated
+                             * (e.g. "--no-local-reads --put-timeout 2s") */
     int start_retries;
+    int nofile;             /* set before server_start: the server's descriptor limit (soft and hard) */
+    const char *host;       /* set before server_start: listen address (default 127.0.0.1) */
+    const char *netns;      /* set before server_start: run in this network namespace */
 } server_t;
 
 static inline uint16_t free_port(void);
@@ -54,7 +59,8 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
     snprintf(portfile, sizeof portfile, "%s/port", s->dir);
     snprintf(tokfile, sizeof tokfile, "%s/token", s->dir);
     unlink(portfile);
-    snprintf(listen, sizeof listen, "127.0.0.1:%u", port);
+    const char *host = s->host ? s->host : "127.0.0.1";
+    snprintf(listen, sizeof listen, "%s:%u", host, port);
     if (token) {
         FILE *f = fopen(tokfile, "w");
         ASSERT(f);
@@ -74,9 +80,21 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
             dup2(logfd, 2);
         char mport[16];
         snprintf(mport, sizeof mport, "%u", s->metrics_port);
-        const char *argv[20] = {bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
+        if (s->nofile) {
+            struct rlimit rl = {(rlim_t)s->nofile, (rlim_t)s->nofile};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        const char *argv[44] = {bin, "server", "--listen", listen, "--memory", memory, "--port-file", portfile,
                                 "--log-level", "warn"};
         int argc = 10;
+        if (s->netns) { /* ip netns exec NS kvpool server ... */
+            memmove(argv + 4, argv, (size_t)argc * sizeof *argv);
+            argv[0] = "/usr/sbin/ip";
+            argv[1] = "netns";
+            argv[2] = "exec";
+            argv[3] = s->netns;
+            argc += 4;
+        }
         if (token) {
             argv[argc++] = "--token-file";
             argv[argc++] = tokfile;
@@ -85,10 +103,12 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
             argv[argc++] = "--metrics-port";
             argv[argc++] = mport;
         }
-        if (s->extra)
-            argv[argc++] = s->extra;
+        static char extra[512];
+        snprintf(extra, sizeof extra, "%s", s->extra ? s->extra : "");
+        for (char *save = NULL, *t = strtok_r(extra, " ", &save); t && argc < 38; t = strtok_r(NULL, " ", &save))
+            argv[argc++] = t;
         argv[argc] = NULL;
-        execv(bin, (char *const *)argv);
+        execv(argv[0], (char *const *)argv);
         _exit(127);
     }
     for (int i = 0; i < 1000; i++) {
@@ -97,7 +117,7 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         if (f && fscanf(f, "%u", &p) == 1) {
             fclose(f);
             s->port = (uint16_t)p;
-            snprintf(s->uri, sizeof s->uri, "kvpool://127.0.0.1:%u?timeout=%s", s->port,
+            snprintf(s->uri, sizeof s->uri, "kvpool://%s:%u?timeout=%s", host, s->port,
                      getenv("KVP_TEST_CALL_TIMEOUT") ? getenv("KVP_TEST_CALL_TIMEOUT") : "30s");
             return;
         }
@@ -242,13 +262,12 @@ static inline int tcp_connect(uint16_t port)
 
 static inline int lane_raw_connect(uint16_t port, uint64_t *key)
 {
-    int fd;
-    void *srv;
-    uint32_t srv_len;
-    ASSERT_OK(kvp__hs_client("127.0.0.1", port, NULL, NULL, 0, 5000, &fd, key, &srv, &srv_len));
-    free(srv);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return fd;
+    kvp__hs_result_t hs;
+    ASSERT_OK(kvp__hs_client("127.0.0.1", port, NULL, KVP_HS_WANT_TCP, 5000, &hs));
+    ASSERT_EQ(hs.transport, KVP_HS_TCP);
+    fcntl(hs.fd, F_SETFL, fcntl(hs.fd, F_GETFL) & ~O_NONBLOCK);
+    *key = hs.conn_key;
+    return hs.fd;
 }
 
 static inline void lane_raw_frame(int fd, const void *hdr, uint32_t hlen, uint64_t data_claimed, const void *data,
@@ -352,6 +371,57 @@ static inline double metric(const char *text, const char *series)
         if (!strncmp(l, series, n) && l[n] == ' ')
             return strtod(l + n + 1, NULL);
     return -1;
+}
+
+/* The server's metrics text (malloc'd), waiting (4 s at most) for the
+ * endpoint to come up. */
+static inline char *metrics_get(const server_t *s)
+{
+    for (int i = 0; i < 200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->metrics_port),
+                                 .sin_addr.s_addr = htonl(0x7f000001)};
+        int up = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        if (up)
+            return http_metrics(s->metrics_port);
+        sleep_ms(20);
+    }
+    ASSERT_MSG(0, "no metrics endpoint on port %u", s->metrics_port);
+    return NULL;
+}
+
+static inline double metric_now(const server_t *s, const char *series)
+{
+    char *m = metrics_get(s);
+    double v = metric(m, series);
+    free(m);
+    return v;
+}
+
+/* Waits up to ms for a series to reach want; returns its last value. */
+static inline double metric_until(const server_t *s, const char *series, double want, int ms)
+{
+    double v = -1;
+    for (int i = 0; i <= ms / 50; i++) {
+        if ((v = metric_now(s, series)) == want)
+            return v;
+        sleep_ms(50);
+    }
+    return v;
+}
+
+/* A listening socket on 127.0.0.1 (a fake server's); *port_p its port. */
+static inline int listen_loopback(uint16_t *port_p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+    socklen_t sl = sizeof sa;
+    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ASSERT_EQ(listen(fd, 4), 0);
+    ASSERT_EQ(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    *port_p = ntohs(sa.sin_port);
+    return fd;
 }
 
 #endif

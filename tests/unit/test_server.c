@@ -548,8 +548,9 @@ TEST(test_server_falls_back_when_ucx_tls_unusable)
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
-/* The same traffic with UCX restricted to TCP on both sides: by default the
- * client then takes kvpool's TCP transport; transport=ucx keeps UCX. */
+/* The same traffic with UCX restricted to TCP on both sides: kvpool never
+ * lets UCX use tcp (docs/protocol.md §1), so the client takes kvpool's TCP
+ * transport, and transport=ucx is refused with a clear status. */
 static void tls_tcp(const char *transport)
 {
     server_t s = {0};
@@ -557,6 +558,14 @@ static void tls_tcp(const char *transport)
     server_start(&s, "64MiB", 0, NULL);
     char uri[sizeof s.uri + 32];
     snprintf(uri, sizeof uri, "%s%s", s.uri, transport);
+    if (strstr(transport, "ucx")) {
+        kvp_pool_t *none = NULL;
+        ASSERT_EQ(kvp_pool_open(uri, &none), KVP_ERR_UNSUPPORTED);
+        ASSERT(none == NULL);
+        unsetenv("UCX_TLS");
+        ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+        return;
+    }
     kvp_pool_t *p = open_ok(uri);
     kvp_status_t st;
     for (int i = 0; i < 8; i++) {
@@ -576,7 +585,7 @@ static void tls_tcp(const char *transport)
 }
 
 TEST(test_server_ucx_tls_tcp) { tls_tcp(""); }
-TEST(test_server_ucx_tls_tcp_transport_ucx) { tls_tcp("&transport=ucx"); }
+TEST(test_server_ucx_tls_tcp_transport_ucx_refused) { tls_tcp("&transport=ucx"); }
 
 /* ---- tokens ---- */
 
@@ -645,21 +654,18 @@ static void raw_connect(raw_client_t *c, uint16_t port)
         .cb = raw_on_reply,
     };
     ASSERT_EQ(ucp_worker_set_am_recv_handler(c->worker, &hp), UCS_OK);
-    ucp_address_t *addr;
-    size_t len;
-    ASSERT_EQ(ucp_worker_get_address(c->worker, &addr, &len), UCS_OK);
-    void *srv;
-    uint32_t srv_len;
-    ASSERT_OK(kvp__hs_client("127.0.0.1", port, NULL, addr, (uint32_t)len, 5000, &c->fd, &c->key, &srv, &srv_len));
-    ucp_worker_release_address(c->worker, addr);
-    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = srv};
+    kvp__hs_result_t hs;
+    ASSERT_OK(kvp__hs_client("127.0.0.1", port, NULL, KVP_HS_WANT_UCX_ONLY, 5000, &hs));
+    c->fd = hs.fd;
+    c->key = hs.conn_key;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = hs.addr};
     ASSERT_EQ(ucp_ep_create(c->worker, &ep, &c->ep), UCS_OK);
-    free(srv);
+    free(hs.addr);
 }
 
 static void raw_send(raw_client_t *c, const void *hdr, size_t hlen, const void *data, size_t dlen)
 {
-    ucp_request_param_t prm = {.op_attr_mask = 0};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_REPLY};
     ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, KVP_AM_REQUEST, hdr, hlen, data, dlen, &prm);
     if (sp && !UCS_PTR_IS_ERR(sp)) {
         while (ucp_request_check_status(sp) == UCS_INPROGRESS)
@@ -878,19 +884,7 @@ TEST(test_server_metrics_prometheus_text)
     }
     kvp_pool_stats_t pst;
     ASSERT_OK(kvp_pool_stats(p, &pst));
-    char *m = NULL;
-    for (int i = 0; i < 100 && !m; i++) { /* the endpoint starts with the server */
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s.metrics_port),
-                                 .sin_addr.s_addr = htonl(0x7f000001)};
-        int up = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-        close(fd);
-        if (up)
-            m = http_metrics(s.metrics_port);
-        else
-            sleep_ms(20);
-    }
-    ASSERT_MSG(m != NULL, "no metrics endpoint on port %u", s.metrics_port);
+    char *m = metrics_get(&s);
     ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"put\"}"), 103);
     /* m0 (100,000 bytes over UCX) is a local read; m1 and nope are not */
     ASSERT_EQ(metric(m, "kvpool_requests_total{op=\"get\"}"), 2);
@@ -1023,20 +1017,20 @@ static void *fake_lane_server(void *arg)
     fake_server_t *f = arg;
     int fd = accept(f->lfd, NULL, NULL);
     ASSERT(fd >= 0);
-    uint8_t hs[512];
-    size_t have = 0, used = 0;
+    uint8_t hs[KVP_HS_HELLO_V2], nonce[KVP_HS_NONCE] = {1, 2, 3};
+    size_t used = 0;
     kvp__hs_hello_t h;
-    kvp_status_t st = KVP_INPROGRESS;
-    while (st == KVP_INPROGRESS) {
-        ssize_t k = recv(fd, hs + have, sizeof hs - have, 0);
-        ASSERT(k > 0);
-        have += (size_t)k;
-        st = kvp__hs_parse_hello(hs, have, &h, &used);
-    }
-    ASSERT_OK(st);
-    ASSERT_EQ(h.addr_len, 0u); /* the client asked for the TCP transport */
-    uint8_t rep[64];
-    size_t n = kvp__hs_encode_reply(rep, KVP_OK, 7, "x", 1);
+    fake_read(fd, hs, sizeof hs);
+    ASSERT_OK(kvp__hs_parse_hello(hs, sizeof hs, &h, &used));
+    uint8_t ch[KVP_HS_CHALLENGE], resp[KVP_HS_RESPONSE];
+    size_t n = kvp__hs_encode_challenge(ch, KVP_OK, 0, (uint32_t)geteuid(), nonce);
+    ASSERT_EQ(send(fd, ch, n, MSG_NOSIGNAL), (ssize_t)n);
+    fake_read(fd, resp, sizeof resp);
+    kvp__hs_response_t hr;
+    ASSERT_OK(kvp__hs_parse_response(resp, sizeof resp, &hr, &used));
+    ASSERT_EQ(hr.transport, KVP_HS_TCP); /* the client asked for the TCP transport */
+    uint8_t rep[KVP_HS_REPLY_V2];
+    n = kvp__hs_encode_reply(rep, KVP_HS_V2, KVP_OK, 7, NULL, NULL, 0);
     ASSERT_EQ(send(fd, rep, n, MSG_NOSIGNAL), (ssize_t)n);
     for (;;) {
         uint8_t head[KVP_LANE_HEAD], hdr[4096];
@@ -1089,16 +1083,12 @@ static void *fake_lane_server(void *arg)
 TEST(test_server_lane_reply_with_stray_data_is_refused)
 {
     fake_server_t f;
-    f.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
-    socklen_t sl = sizeof sa;
-    ASSERT_EQ(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ASSERT_EQ(listen(f.lfd, 4), 0);
-    ASSERT_EQ(getsockname(f.lfd, (struct sockaddr *)&sa, &sl), 0);
+    uint16_t port;
+    f.lfd = listen_loopback(&port);
     pthread_t t;
     pthread_create(&t, NULL, fake_lane_server, &f);
     char uri[128];
-    snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?transport=tcp&timeout=5s", ntohs(sa.sin_port));
+    snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?transport=tcp&timeout=5s", port);
     kvp_pool_t *p = open_ok(uri);
     char src[100];
     memset(src, 'a', sizeof src);
@@ -1164,7 +1154,7 @@ TEST(test_server_lane_sigterm_finishes_in_flight_then_exits_zero) { sigterm_drai
 #define T_LANE_CONTRACT(name) T(test_server_lane_contract_##name),
 TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_client_killed_mid_put_leaves_nothing), T(test_server_lane_client_killed_mid_put_leaves_nothing),
-          T(test_server_ucx_tls_tcp_transport_ucx), T(test_server_lane_bad_frames_keep_serving_others),
+          T(test_server_ucx_tls_tcp_transport_ucx_refused), T(test_server_lane_bad_frames_keep_serving_others),
           T(test_server_lane_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),

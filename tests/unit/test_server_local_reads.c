@@ -124,9 +124,19 @@ TEST(test_local_read_map_checks_the_file)
     uint8_t *w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ASSERT(w != MAP_FAILED);
     fill(w, size, 9);
-    struct stat st;
+    struct stat st, tst;
     ASSERT_EQ(fstat(fd, &st), 0);
-    kvp__arena_info_t ai = {(uint64_t)getpid(), (uint64_t)fd, size, (uint64_t)st.st_dev, (uint64_t)st.st_ino, 1};
+    /* the lease table beside it: 16 slots */
+    int tfd = memfd_create("test-table", MFD_CLOEXEC);
+    ASSERT(tfd >= 0);
+    ASSERT_EQ(ftruncate(tfd, 4096), 0);
+    uint8_t *tw = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+    ASSERT(tw != MAP_FAILED);
+    uint64_t nslots = 16;
+    memcpy(tw + KVP_WIRE_LR_NSLOTS_OFF, &nslots, sizeof nslots);
+    ASSERT_EQ(fstat(tfd, &tst), 0);
+    kvp__arena_info_t ai = {(uint64_t)getpid(), (uint64_t)fd, size, (uint64_t)st.st_dev, (uint64_t)st.st_ino, 1,
+                            (uint64_t)tfd, 4096, (uint64_t)tst.st_dev, (uint64_t)tst.st_ino};
     kvp__lmap_t *m = NULL, *m2 = NULL, *bad = NULL;
     ASSERT_OK(kvp__lmap_get(&ai, &m));
     ASSERT_EQ(kvp__lmap_size(m), size);
@@ -134,6 +144,14 @@ TEST(test_local_read_map_checks_the_file)
     ASSERT(memcmp(kvp__lmap_base(m), w, size) == 0);
     w[12345] ^= 0xFF; /* the same memory, not a copy */
     ASSERT_EQ(kvp__lmap_base(m)[12345], w[12345]);
+    /* the table's generations, as the server bumps them */
+    ASSERT(kvp__lmap_slot_ok(m, 15));
+    ASSERT(!kvp__lmap_slot_ok(m, 16));
+    ASSERT(kvp__lmap_still_leased(m, 3, 0));
+    ((uint64_t *)(void *)(tw + KVP_WIRE_LR_GEN_OFF))[3] = 1;
+    ASSERT(!kvp__lmap_still_leased(m, 3, 0));
+    ASSERT(kvp__lmap_still_leased(m, 3, 1));
+    ASSERT(!kvp__lmap_still_leased(m, 16, 0));
     ASSERT_OK(kvp__lmap_get(&ai, &m2)); /* one mapping per arena per process */
     ASSERT(m2 == m);
     kvp__lmap_put(m2);
@@ -164,10 +182,23 @@ TEST(test_local_read_map_checks_the_file)
     wrong = ai;
     wrong.fd = 100000; /* no such descriptor */
     ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
+    wrong = ai;
+    wrong.tino++; /* not the table */
+    ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
+    nslots = 1000; /* more slots than the file holds */
+    memcpy(tw + KVP_WIRE_LR_NSLOTS_OFF, &nslots, sizeof nslots);
+    wrong = ai;
+    wrong.fd = (uint64_t)tfd; /* (another arena: a fresh mapping, whose table is checked) */
+    wrong.size = 4096;
+    wrong.dev = (uint64_t)tst.st_dev;
+    wrong.ino = (uint64_t)tst.st_ino;
+    ASSERT_EQ(kvp__lmap_get(&wrong, &bad), KVP_ERR_UNSUPPORTED);
     kvp__lmap_put(m2);
     kvp__lmap_put(m);
     munmap(w, size);
+    munmap(tw, 4096);
     close(fd);
+    close(tfd);
 }
 
 /* ---- through the server ---- */
@@ -176,40 +207,6 @@ static void pattern(uint8_t *v, size_t n, uint8_t seed)
 {
     for (size_t i = 0; i < n; i++)
         v[i] = (uint8_t)(seed + i * 7);
-}
-
-/* The metrics text, waiting for the endpoint to come up. */
-static char *metrics_now(const server_t *s)
-{
-    for (int i = 0; i < 200; i++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(s->metrics_port),
-                                 .sin_addr.s_addr = htonl(0x7f000001)};
-        int up = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-        close(fd);
-        if (up)
-            return http_metrics(s->metrics_port);
-        sleep_ms(20);
-    }
-    ASSERT_MSG(0, "no metrics endpoint on port %u", s->metrics_port);
-    return NULL;
-}
-
-static double metric_now(const server_t *s, const char *series)
-{
-    char *m = metrics_now(s);
-    double v = metric(m, series);
-    free(m);
-    return v;
-}
-
-/* Waits (up to 5 s) for a metric to reach want; returns its last value. */
-static double metric_await(const server_t *s, const char *series, double want)
-{
-    double v = -1;
-    for (int i = 0; i < 250 && (v = metric_now(s, series)) != want; i++)
-        sleep_ms(20);
-    return v;
 }
 
 TEST(test_server_local_reads_values_match)
@@ -300,7 +297,7 @@ TEST(test_server_local_reads_values_match)
     }
     ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), before + 6);
     /* every lease given back */
-    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
     ASSERT_EQ(metric_now(&s, "kvpool_bad_requests_total"), 0);
     for (int i = 0; i <= N; i++)
         free(bufs[i]);
@@ -354,22 +351,54 @@ static int raw_hello(int fd, uint64_t key, kvp__arena_info_t *ai)
     (void)kvp__mpr_uint(&r.rep.body);
     int has = !kvp__mpr_nil(&r.rep.body);
     if (has) {
-        ASSERT_EQ(kvp__mpr_array(&r.rep.body, 8), 6);
+        ASSERT_EQ(kvp__mpr_array(&r.rep.body, 16), 10);
         ai->pid = kvp__mpr_uint(&r.rep.body);
         ai->fd = kvp__mpr_uint(&r.rep.body);
         ai->size = kvp__mpr_uint(&r.rep.body);
         ai->dev = kvp__mpr_uint(&r.rep.body);
         ai->ino = kvp__mpr_uint(&r.rep.body);
         ai->populated = kvp__mpr_uint(&r.rep.body) != 0;
+        ai->tfd = kvp__mpr_uint(&r.rep.body);
+        ai->tsize = kvp__mpr_uint(&r.rep.body);
+        ai->tdev = kvp__mpr_uint(&r.rep.body);
+        ai->tino = kvp__mpr_uint(&r.rep.body);
     }
     ASSERT(kvp__mpr_ok(&r.rep.body));
     free(r.hdr);
     return has;
 }
 
-/* GET_LOCAL of one key: its status, and its size and offset if found. */
-static kvp_status_t raw_get_local(int fd, uint64_t key, uint64_t req_id, const char *name, uint64_t cap,
-                                  uint64_t *size_p, uint64_t *off_p)
+/* LOCAL_PROOF with this proof: the server's answer. */
+static kvp_status_t raw_proof(int fd, uint64_t key, const uint8_t *proof, uint32_t len)
+{
+    uint8_t buf[128];
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, buf, sizeof buf);
+    kvp_key_t k = {proof, len};
+    kvp__wire_req_encode(&w, KVP_WOP_LOCAL_PROOF, 2, 1000, key, &k, 1, NULL);
+    lane_raw_frame(fd, w.buf, (uint32_t)w.len, 0, NULL, 0);
+    raw_reply_t r;
+    ASSERT_EQ(raw_reply(fd, &r), 1);
+    ASSERT_EQ(r.rep.op, KVP_WOP_LOCAL_PROOF);
+    free(r.hdr);
+    return r.rep.status;
+}
+
+/* Maps what HELLO named and proves it to the server. */
+static void raw_prove(int fd, uint64_t key, const kvp__arena_info_t *ai)
+{
+    kvp__lmap_t *m = NULL;
+    ASSERT_OK(kvp__lmap_get(ai, &m));
+    uint8_t proof[KVP_WIRE_LR_PROOF];
+    kvp__wire_lr_proof(kvp__lmap_nonce(m), key, proof);
+    ASSERT_OK(raw_proof(fd, key, proof, sizeof proof));
+    kvp__lmap_put(m);
+}
+
+/* GET_LOCAL of one key: its status, and its size and offset if found
+ * (*slot_p, *gen_p: where its lease's generation is, if not NULL). */
+static kvp_status_t raw_get_local_gen(int fd, uint64_t key, uint64_t req_id, const char *name, uint64_t cap,
+                                      uint64_t *size_p, uint64_t *off_p, uint64_t *slot_p, uint64_t *gen_p)
 {
     raw_request(fd, KVP_WOP_GET_LOCAL, req_id, key, name, cap);
     raw_reply_t r;
@@ -383,10 +412,21 @@ static kvp_status_t raw_get_local(int fd, uint64_t key, uint64_t req_id, const c
         st = (kvp_status_t)kvp__mpr_int(&r.rep.body);
         *size_p = kvp__mpr_uint(&r.rep.body);
         *off_p = kvp__mpr_uint(&r.rep.body);
+        uint64_t slot = kvp__mpr_uint(&r.rep.body), gen = kvp__mpr_uint(&r.rep.body);
         ASSERT(kvp__mpr_done(&r.rep.body));
+        if (slot_p)
+            *slot_p = slot;
+        if (gen_p)
+            *gen_p = gen;
     }
     free(r.hdr);
     return st;
+}
+
+static kvp_status_t raw_get_local(int fd, uint64_t key, uint64_t req_id, const char *name, uint64_t cap,
+                                  uint64_t *size_p, uint64_t *off_p)
+{
+    return raw_get_local_gen(fd, key, req_id, name, cap, size_p, off_p, NULL, NULL);
 }
 
 /* GET_LOCALs first..last of key "k" (cap bytes of room), all found and
@@ -423,6 +463,7 @@ static int raw_start(server_t *s, kvp_pool_t **p_p, const char *name, size_t siz
     int fd = lane_raw_connect(s->port, key_p);
     ASSERT_EQ(raw_hello(fd, *key_p, ai_p), 1);
     ASSERT_EQ(ai_p->pid, (uint64_t)s->pid);
+    raw_prove(fd, *key_p, ai_p);
     return fd;
 }
 
@@ -584,7 +625,7 @@ TEST(test_server_local_reads_release_rides_on_the_next_request)
     free(got);
     /* The last one waits for a request to ride on; none comes: it goes on
      * its own. */
-    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
     ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), n);
     double rel = metric_now(&s, "kvpool_requests_total{op=\"release\"}");
     ASSERT(rel >= 1);
@@ -607,13 +648,14 @@ TEST(test_server_local_reads_leases_end_with_the_connection)
     ASSERT_EQ(raw_get_local(fd, key, 13, "nope", 200000, &size, &off), KVP_ERR_NOT_FOUND);
     ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 3);
     close(fd);
-    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
 
     /* The server drops a connection whose client is alive (here for a
      * frame that breaks the protocol): the client sees the end of the
      * stream, and the leases last until it closes its side. */
     fd = lane_raw_connect(s.port, &key);
     ASSERT_EQ(raw_hello(fd, key, &ai), 1);
+    raw_prove(fd, key, &ai);
     ASSERT_OK(raw_get_local(fd, key, 20, "k", 200000, &size, &off));
     char junk[8] = {0};
     lane_raw_frame(fd, NULL, 0, sizeof junk, junk, sizeof junk); /* data without a header */
@@ -627,26 +669,65 @@ TEST(test_server_local_reads_leases_end_with_the_connection)
     ASSERT_OK(kvp_pool_remove(p, &k, 1, &rr)); /* others are served meanwhile */
     ASSERT_OK(rr.status);
     close(fd);
-    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
     kvp_pool_close(p);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
 TEST(test_server_local_reads_refused_past_the_cap)
 {
-    /* A client that never releases gets KVP_ERR_BUSY past 4096 held reads. */
+    /* A client that never releases gets KVP_ERR_BUSY past 1024 held reads. */
     server_t s = {0};
     kvp_pool_t *p;
     uint64_t key, size, off;
     kvp__arena_info_t ai;
     int fd = raw_start(&s, &p, "k", 1000, &key, &ai);
-    hold_local_reads(fd, key, 1, 4096, 1000);
+    hold_local_reads(fd, key, 1, 1024, 1000);
     ASSERT_EQ(raw_get_local(fd, key, 5000, "k", 1000, &size, &off), KVP_ERR_BUSY);
-    raw_request(fd, KVP_WOP_RELEASE, 4096, key, NULL, 0);
+    raw_request(fd, KVP_WOP_RELEASE, 1024, key, NULL, 0);
     ASSERT_OK(raw_get_local(fd, key, 5001, "k", 1000, &size, &off));
-    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 4096);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_leases"), 1024);
+    ASSERT_EQ(metric_now(&s, "kvpool_local_read_groups"), 1024);
     close(fd);
-    ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+    ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
+/* A get the server has no lease room for (here 4 MiB in one batch past the
+ * 2 MiB a connection may hold leased on an 8 MiB arena) is answered busy
+ * for those keys, and the client fetches the slice over UCX instead: the
+ * caller sees every value, whole. */
+TEST(test_server_local_reads_busy_falls_back_to_a_plain_get)
+{
+    server_t s = {0};
+    server_start_metrics(&s, "8MiB");
+    kvp_pool_t *p = open_ok(s.uri);
+    const size_t sz = 1u << 20;
+    kvp_key_t keys[4];
+    char names[4][8];
+    uint8_t *bufs[4];
+    kvp_iov_t iov[4];
+    kvp_sgl_t sgl[4];
+    kvp_key_result_t res[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(names[i], sizeof names[i], "b%d", i);
+        put_value(p, names[i], sz, (uint8_t)(30 + i));
+        keys[i] = kvp_key_str(names[i]);
+        bufs[i] = malloc(sz);
+        iov[i] = (kvp_iov_t){bufs[i], sz};
+        sgl[i] = (kvp_sgl_t){&iov[i], 1};
+    }
+    ASSERT_OK(kvp_pool_get(p, keys, sgl, 4, res));
+    for (int i = 0; i < 4; i++) {
+        ASSERT_OK(res[i].status);
+        ASSERT_EQ(res[i].size, sz);
+        ASSERT(matches(bufs[i], sz, (uint8_t)(30 + i)));
+        free(bufs[i]);
+    }
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}"), 1);
+    ASSERT_EQ(metric_now(&s, "kvpool_requests_total{op=\"get\"}"), 1); /* the same slice again */
+    ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
     kvp_pool_close(p);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
@@ -719,7 +800,7 @@ TEST(test_server_local_reads_client_killed_while_reading)
         int st;
         waitpid(c, &st, 0);
         ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        ASSERT_EQ(metric_await(&s, "kvpool_local_read_leases", 0), 0);
+        ASSERT_EQ(metric_until(&s, "kvpool_local_read_leases", 0, 5000), 0);
         ASSERT_EQ(check_pattern(p, "v3", 1u << 20, 3), 1);
     }
     ASSERT(metric_now(&s, "kvpool_requests_total{op=\"get_local\"}") > 10);
@@ -733,5 +814,6 @@ TEST_LIST(T(test_local_read_copy_every_byte_in_place), T(test_local_read_copy_co
           T(test_server_local_reads_released_field_ends_leases),
           T(test_server_local_reads_release_rides_on_the_next_request),
           T(test_server_local_reads_leases_end_with_the_connection),
-          T(test_server_local_reads_refused_past_the_cap), T(test_server_local_reads_switched_off),
+          T(test_server_local_reads_refused_past_the_cap), T(test_server_local_reads_busy_falls_back_to_a_plain_get),
+          T(test_server_local_reads_switched_off),
           T(test_server_local_reads_client_killed_while_reading))

@@ -294,10 +294,13 @@ TEST(test_handshake_hello_parse)
     memcpy(buf + 12, "tokADDRS", 8);
     kvp__hs_hello_t h;
     size_t used;
-    for (size_t n = 0; n < 20; n++)
+    /* version 1: complete with its token; the address is never read */
+    for (size_t n = 0; n < 15; n++)
         ASSERT_EQ(kvp__hs_parse_hello(buf, n, &h, &used), KVP_INPROGRESS);
+    ASSERT_OK(kvp__hs_parse_hello(buf, 15, &h, &used));
     ASSERT_OK(kvp__hs_parse_hello(buf, 20, &h, &used));
-    ASSERT_EQ(used, 20);
+    ASSERT_EQ(used, 15);
+    ASSERT_EQ(h.version, KVP_HS_V1);
     ASSERT_EQ(h.token_len, 3);
     ASSERT_MEM_EQ(h.token, "tok", 3);
     ASSERT_EQ(h.addr_len, 5);
@@ -312,10 +315,65 @@ TEST(test_handshake_hello_parse)
     buf[6] = 0;
     buf[8] = 0x7f; /* address too long */
     ASSERT_EQ(kvp__hs_parse_hello(buf, 20, &h, &used), KVP_ERR_PROTOCOL);
+
+    /* version 2: magic, version, flags (0), a 16-byte nonce */
+    uint8_t v2[KVP_HS_HELLO_V2] = {'K', 'V', 'P', 'H', 0, 2, 0, 0};
+    for (int i = 0; i < 16; i++)
+        v2[8 + i] = (uint8_t)(i * 17);
+    for (size_t n = 0; n < sizeof v2; n++)
+        ASSERT_EQ(kvp__hs_parse_hello(v2, n, &h, &used), KVP_INPROGRESS);
+    ASSERT_OK(kvp__hs_parse_hello(v2, sizeof v2, &h, &used));
+    ASSERT_EQ(used, sizeof v2);
+    ASSERT_EQ(h.version, KVP_HS_V2);
+    ASSERT_MEM_EQ(h.nonce, v2 + 8, 16);
+    v2[7] = 1; /* no flags are defined */
+    ASSERT_EQ(kvp__hs_parse_hello(v2, sizeof v2, &h, &used), KVP_ERR_PROTOCOL);
+}
+
+TEST(test_handshake_response_and_macs)
+{
+    uint8_t resp[KVP_HS_RESPONSE] = {KVP_HS_UCX, 0};
+    kvp__hs_response_t r;
+    size_t used;
+    for (size_t n = 0; n < sizeof resp; n++)
+        ASSERT_EQ(kvp__hs_parse_response(resp, n, &r, &used), KVP_INPROGRESS);
+    ASSERT_OK(kvp__hs_parse_response(resp, sizeof resp, &r, &used));
+    ASSERT_EQ(r.transport, KVP_HS_UCX);
+    resp[0] = 2; /* no such transport */
+    ASSERT_EQ(kvp__hs_parse_response(resp, 1, &r, &used), KVP_ERR_PROTOCOL);
+    resp[0] = 0;
+    resp[1] = 1;
+    ASSERT_EQ(kvp__hs_parse_response(resp, sizeof resp, &r, &used), KVP_ERR_PROTOCOL);
+    /* The macs: bound to the token, both nonces, and (server) the key. */
+    uint8_t cn[KVP_HS_NONCE] = {1}, sn[KVP_HS_NONCE] = {2}, a[KVP_HS_MAC], b[KVP_HS_MAC], zero[KVP_HS_MAC] = {0};
+    kvp__hs_client_mac("secret", sn, cn, a);
+    kvp__hs_client_mac("secret", sn, cn, b);
+    ASSERT(kvp__hs_mac_eq(a, b));
+    ASSERT(!kvp__hs_mac_eq(a, zero));
+    kvp__hs_client_mac("secreT", sn, cn, b);
+    ASSERT(!kvp__hs_mac_eq(a, b));
+    kvp__hs_client_mac("secret", cn, sn, b); /* nonces swapped */
+    ASSERT(!kvp__hs_mac_eq(a, b));
+    kvp__hs_server_mac("secret", cn, sn, 7, b);
+    ASSERT(!kvp__hs_mac_eq(a, b)); /* the server's differs from the client's */
+    kvp__hs_server_mac("secret", cn, sn, 8, a);
+    ASSERT(!kvp__hs_mac_eq(a, b)); /* ... and names the key */
+    kvp__hs_client_mac(NULL, sn, cn, a);
+    ASSERT(kvp__hs_mac_eq(a, zero)); /* no token: zeros */
+    /* HMAC-SHA256("key", "kvpool-v2-client" | 16 x 0x02 | 16 x 0x01) by an
+     * independent implementation (python3 hmac) */
+    static const uint8_t want[KVP_HS_MAC] = {0xe8, 0xfd, 0xf2, 0x2c, 0xfd, 0x99, 0xfb, 0x3e, 0xea, 0x64, 0x77,
+                                             0x52, 0x79, 0x71, 0x7c, 0x2d, 0x15, 0x4c, 0xa3, 0x66, 0xb7, 0x6f,
+                                             0x57, 0xfc, 0x36, 0xa4, 0x6b, 0x74, 0x58, 0x94, 0x06, 0xb7};
+    uint8_t s2[KVP_HS_NONCE], c1[KVP_HS_NONCE];
+    memset(s2, 2, sizeof s2);
+    memset(c1, 1, sizeof c1);
+    kvp__hs_client_mac("key", s2, c1, a);
+    ASSERT_MEM_EQ(a, want, sizeof want);
 }
 
 TEST_LIST(T(test_wire_request_round_trip), T(test_wire_every_op_round_trips),
           T(test_wire_released_field_round_trips_and_is_bounded),
           T(test_wire_truncated_requests_rejected), T(test_wire_wrong_version_and_unknown_op),
           T(test_wire_limits_enforced), T(test_wire_reply_round_trip), T(test_mp_ints_and_skip),
-          T(test_handshake_hello_parse))
+          T(test_handshake_hello_parse), T(test_handshake_response_and_macs))
