@@ -234,7 +234,12 @@ typedef struct server {
 #define HS_PER_SOURCE 32u                          /* ... from one address */
 #define HS_TIMEOUT_NS (2ull * 1000000000ull)       /* the whole handshake */
 #define DRAIN_MAX_NS (10ull * 1000000000ull)       /* SIGTERM waits this long at most for requests in flight */
-#define WEDGE_NS (1ull * 1000000000ull)            /* see worker_rebuild */
+/* A worker un-armable with no progress this long is stuck (see
+ * worker_rebuild).  Not shorter: a live writer preempted mid-message on a
+ * loaded host, or a client whose replies wait because it does not read,
+ * look the same for a moment, and a replacement disconnects every UCX
+ * client (at 1 s a loaded 2-core machine produced one in a test run). */
+#define WEDGE_NS (3ull * 1000000000ull)
 #define ABANDON_AFTER_NS (2ull * 1000000000ull)    /* see conn_abandon */
 #define LINGER_NS (10ull * 1000000000ull)          /* see lreads.c */
 #define SPIN_NS 50000u                             /* the event loop polls this long after activity */
