@@ -258,6 +258,8 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
                                const ucp_am_recv_param_t *param)
 {
     kvp_status_t refuse = kvp__put_begin(s, c, rq);
+    if (!kvp__conn_live(c))
+        return UCS_OK; /* (its released field named too many nothings: closed) */
     if (refuse == KVP_OK && c->put_resv_bytes && c->put_resv_bytes + rq->payload > s->put_resv_max) {
         kvp_warn_rl("server: conn %llu has %llu bytes of puts arriving; refusing more until they have",
                     (unsigned long long)c->id, (unsigned long long)c->put_resv_bytes);
