@@ -553,6 +553,8 @@ void kvp__on_accept(server_t *s)
 
 void kvp__on_conn_event(server_t *s, conn_t *c, uint32_t events)
 {
+    if (c->src.fd < 0)
+        return; /* (closed earlier in this batch of events) */
     if (c->state == CONN_DEAD) {
         /* Lingering (see kvp__conn_kill): wait for the client's close. */
         char junk[4096];

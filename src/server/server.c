@@ -325,6 +325,7 @@ static void loop(server_t *s)
         }
         struct epoll_event evs[16];
         int n = epoll_wait(s->epfd, evs, 16, timeout);
+        int deadlines = 0;
         for (int i = 0; i < n; i++) {
             evsrc_t *src = evs[i].data.ptr;
             switch (src->kind) {
@@ -334,15 +335,18 @@ static void loop(server_t *s)
             case SRC_TIMER: {
                 uint64_t x;
                 (void)!read(src->fd, &x, sizeof x);
-                (void)kvp__store_reap(s->store);
-                kvp__reap_conns(s, 1);
+                deadlines = 1;
                 break;
             }
             case SRC_WORKER: break;
             }
         }
-        if (n == 0 || s->draining)
-            kvp__reap_conns(s, 0);
+        /* Only now, the batch done: reaping frees connections, and a later
+         * event of the same batch may name one. */
+        if (deadlines)
+            (void)kvp__store_reap(s->store);
+        if (deadlines || n == 0 || s->draining)
+            kvp__reap_conns(s, deadlines);
         if (s->draining && s->inflight == 0)
             return;
         if (s->draining && kvp__now_ns() > s->drain_deadline_ns) {
