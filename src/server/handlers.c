@@ -28,6 +28,25 @@
 #include "net/ucx.h"
 #include "server/server_int.h"
 
+/*
+ * A UCX failure takes the reply endpoint with it.  UCX created each reply
+ * endpoint itself (wireup, when the client connected) and counts it as
+ * "not exposed to a user": when a transport error hits it (a rendezvous
+ * read from a client that died or unmapped its buffer, say), UCX destroys
+ * it on its own, after completing what was outstanding on it with that
+ * error.  So the first error completion of a connection's request (not a
+ * cancellation, which only our close or a worker's end produce) forgets the
+ * endpoint (never closed or used again) and ends the connection: its client
+ * reconnects.
+ */
+static void ucx_failed(server_t *s, conn_t *c, ucs_status_t status)
+{
+    if (status == UCS_OK || status == UCS_ERR_CANCELED || !c || !c->ep)
+        return;
+    c->ep = NULL;
+    kvp__conn_kill(s, c, "a UCX transfer failed (UCX drops its endpoint)");
+}
+
 /* ---- replies ---- */
 
 /* Ends a reply's claim on its connection: its leases, its count. */
@@ -58,9 +77,11 @@ void kvp__reply_free(reply_t *r)
 static void reply_sent(void *request, ucs_status_t status, void *user_data)
 {
     reply_t *r = user_data;
-    if (status != UCS_OK && !r->abandoned)
+    if (status != UCS_OK && !r->abandoned) {
         kvp_debug("server: reply to conn %llu not delivered: %s", (unsigned long long)r->c->id,
                   ucs_status_string(status));
+        ucx_failed(r->s, r->c, status);
+    }
     if (!r->abandoned)
         kvp__metrics_observe(&r->s->ctr, r->op, kvp__now_ns() - r->t0);
     kvp__reply_free(r);
@@ -125,6 +146,7 @@ void kvp__reply_send(reply_t *r)
         kvp__reply_free(r);
     } else if (UCS_PTR_IS_ERR(sp)) {
         kvp_debug("server: reply send failed: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+        ucx_failed(r->s, c, UCS_PTR_STATUS(sp));
         kvp__reply_free(r);
     }
 }
@@ -213,7 +235,10 @@ void kvp__put_finish(put_ctx_t *pc, ucs_status_t recv_status)
 static void put_received(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     (void)length;
-    kvp__put_finish(user_data, status);
+    put_ctx_t *pc = user_data;
+    if (!pc->abandoned)
+        ucx_failed(pc->s, pc->c, status);
+    kvp__put_finish(pc, status);
     ucp_request_free(request);
 }
 
@@ -324,10 +349,12 @@ static ucs_status_t handle_put(server_t *s, conn_t *c, const kvp__wire_req_t *rq
         prm.datatype = ucp_dt_make_iov();
     }
     ucs_status_ptr_t sp = ucp_am_recv_data_nbx(s->worker, data, buf, count, &prm);
-    if (sp == NULL)
+    if (sp == NULL) {
         kvp__put_finish(pc, UCS_OK);
-    else if (UCS_PTR_IS_ERR(sp))
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        ucx_failed(s, c, UCS_PTR_STATUS(sp));
         kvp__put_finish(pc, UCS_PTR_STATUS(sp));
+    }
     return UCS_OK;
 }
 
@@ -508,6 +535,7 @@ static void in_data_received(void *request, ucs_status_t status, size_t length, 
     (void)length;
     kvp__list_del(&d->link);
     if (d->c) {
+        ucx_failed(d->s, d->c, status);
         kvp__inflight_end(d->s, d->c, &d->s->inflight_in_data);
         if (status == UCS_OK && kvp__conn_live(d->c))
             handle_in_data(d->s, d->c, d->buf, d->len);

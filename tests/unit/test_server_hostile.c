@@ -371,6 +371,56 @@ TEST(test_m2_ucx_listens_nowhere_and_requests_must_use_their_endpoint)
     end_clean(&s, &h, 2, NULL);
 }
 
+/* A put whose rendezvous source is unmapped before the server reads it:
+ * UCX's read fails, and UCX then destroys the reply endpoint by itself.
+ * The server forgets that endpoint, ends the connection (never touching
+ * the endpoint again: ASan watches), aborts the put, and serves on. */
+TEST(test_ucx_transfer_failure_ends_the_connection_not_the_server)
+{
+    server_t s = {0};
+    server_start_metrics(&s, "64MiB");
+    healthy_t h;
+    healthy_start(&h, s.uri, 9);
+    for (int round = 0; round < 3; round++) {
+        rawucx_t u = {0};
+        ASSERT_OK(kvp__ucx_open("raw", KVP_UCX_SERVER, &u.ctx, &u.worker));
+        ASSERT_EQ(kvp__ucx_am_handler(u.worker, KVP_AM_REPLY, rawucx_on_reply, &u), UCS_OK);
+        kvp__hs_result_t a;
+        ASSERT_OK(kvp__hs_client("127.0.0.1", s.port, NULL, KVP_HS_WANT_UCX_ONLY, 5000, &a));
+        ucp_ep_params_t epp = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = a.addr};
+        ucp_ep_h ep;
+        ASSERT_EQ(ucp_ep_create(u.worker, &epp, &ep), UCS_OK);
+        rawucx_send(&u, ep, a.conn_key, 1); /* binds the endpoint */
+        ASSERT_EQ(rawucx_replies(&u, 300), 1);
+        size_t sz = 1u << 20;
+        void *src = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ASSERT(src != MAP_FAILED);
+        memset(src, 7, sz);
+        uint8_t buf[128];
+        kvp__mpw_t w;
+        kvp__mpw_init(&w, buf, sizeof buf);
+        kvp_key_t k = kvp_key_str("gone-before-read");
+        uint64_t vsz = sz;
+        kvp__wire_req_encode(&w, KVP_WOP_PUT, 2, 0, a.conn_key, &k, 1, &vsz);
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV};
+        ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, w.buf, w.len, src, sz, &prm);
+        ucp_worker_progress(u.worker); /* the request goes out; its values stay here */
+        munmap(src, sz);               /* ... and are gone before the server reads them */
+        (void)rawucx_replies(&u, 300);
+        if (sp && !UCS_PTR_IS_ERR(sp))
+            ucp_request_free(sp);
+        close(a.fd);
+        free(a.addr);
+        kvp__ucx_close(u.ctx, u.worker);
+        ASSERT_EQ(metric_until(&s, "kvpool_objects{state=\"reserved\"}", 0, 5000), 0);
+    }
+    kvp_pool_t *p = open_ok(s.uri);
+    ASSERT_EQ(check_pattern(p, "gone-before-read", 1u << 20, 7), 0); /* never stored */
+    assert_alive(&s);
+    end_clean(&s, &h, 2, p);
+}
+
 /* ---- H2: writers killed mid-put leave nothing behind ---- */
 
 /* A value's bytes, derived from its key's number and size. */
@@ -1309,6 +1359,7 @@ TEST(test_network_listener_needs_a_token_and_binds_only_its_address)
 TEST_LIST(T(test_h1_hello_with_a_ucx_address_is_refused_unparsed),
           T(test_h1_client_refuses_a_malformed_server_address),
           T(test_m2_ucx_listens_nowhere_and_requests_must_use_their_endpoint),
+          T(test_ucx_transfer_failure_ends_the_connection_not_the_server),
           T(test_h2_writers_killed_mid_put_leave_no_reservation_or_connection),
           T(test_h3_half_open_flood_lets_a_healthy_client_through),
           T(test_m1_arena_and_lease_table_cannot_be_written_resized_or_mapped_writable),
