@@ -131,6 +131,14 @@ static kvp_status_t check(const void *buf, size_t len, const wk_t *own, const ch
     return st;
 }
 
+/* The check refuses buf, for this reason. */
+#define assert_refused(buf, len, own, reason)                                   \
+    do {                                                                        \
+        const char *kvp__why;                                                   \
+        ASSERT_EQ(check((buf), (len), (own), &kvp__why), KVP_ERR_PROTOCOL);     \
+        ASSERT_STR_EQ(kvp__why, (reason));                                      \
+    } while (0)
+
 /* ucp_ep_create on w to addr; a made endpoint is closed at once (a flush
  * with nothing sent: UCX 1.13 refuses a forced close without peer error
  * handling, which its shared-memory transports lack). */
@@ -201,8 +209,7 @@ TEST(test_ucx_addr_version_differs_refused)
     ASSERT(wk_open(&a, SHM_TLS, NULL, NULL));
     ASSERT(wk_open(&b, SHM_TLS, "v2", NULL));
     const char *why;
-    ASSERT_EQ(check(b.addr, b.len, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address version differs from this worker's");
+    assert_refused(b.addr, b.len, &a, "UCX address version differs from this worker's");
     ASSERT_EQ(check(a.addr, a.len, &b, &why), KVP_ERR_PROTOCOL);
     wk_close(&b);
     wk_close(&a);
@@ -237,9 +244,7 @@ TEST(test_ucx_addr_trailing_byte_refused)
     const uint8_t tails[] = {0x00, 0x80, 0xff};
     for (size_t i = 0; i < sizeof tails; i++) {
         longer[a.len] = tails[i];
-        const char *why;
-        ASSERT_EQ(check(longer, a.len + 1, &a, &why), KVP_ERR_PROTOCOL);
-        ASSERT_STR_EQ(why, "trailing bytes after the UCX address");
+        assert_refused(longer, a.len + 1, &a, "trailing bytes after the UCX address");
     }
     free(longer);
     wk_close(&a);
@@ -251,9 +256,7 @@ TEST(test_ucx_addr_too_long_refused)
     ASSERT(wk_open(&a, SHM_TLS, NULL, NULL));
     uint8_t *big = calloc(1, KVP_UCX_ADDR_MAX + 1);
     memcpy(big, a.addr, a.len);
-    const char *why;
-    ASSERT_EQ(check(big, KVP_UCX_ADDR_MAX + 1, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address longer than KVP_UCX_ADDR_MAX");
+    assert_refused(big, KVP_UCX_ADDR_MAX + 1, &a, "UCX address longer than KVP_UCX_ADDR_MAX");
     free(big);
     wk_close(&a);
 }
@@ -311,11 +314,8 @@ TEST(test_ucx_addr_tcp_refused)
     if (!wk_open_tcp(&a, "tcp", "tcp"))
         return;
     ASSERT(wk_open_tcp(&b, "tcp", NULL));
-    const char *why;
-    ASSERT_EQ(check(b.addr, b.len, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address names the tcp transport");
-    ASSERT_EQ(check(a.addr, a.len, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address names the tcp transport");
+    assert_refused(b.addr, b.len, &a, "UCX address names the tcp transport");
+    assert_refused(a.addr, a.len, &a, "UCX address names the tcp transport");
     wk_close(&b);
     wk_close(&a);
 }
@@ -325,9 +325,7 @@ TEST(test_ucx_addr_tcp_among_others_refused)
     wk_t a;
     if (!wk_open_tcp(&a, SHM_TLS ",tcp", "posix tcp"))
         return;
-    const char *why;
-    ASSERT_EQ(check(a.addr, a.len, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address names the tcp transport");
+    assert_refused(a.addr, a.len, &a, "UCX address names the tcp transport");
     wk_close(&a);
 }
 
@@ -340,9 +338,7 @@ TEST(test_ucx_addr_no_transport_in_common_refused)
         wk_close(&peer);
         return;
     }
-    const char *why;
-    ASSERT_EQ(check(peer.addr, peer.len, &own, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "no UCX transport in common");
+    assert_refused(peer.addr, peer.len, &own, "no UCX transport in common");
     wk_close(&own);
     wk_close(&peer);
 }
@@ -356,8 +352,7 @@ TEST(test_ucx_addr_foreign_transport_refused)
         return;
     }
     const char *why;
-    ASSERT_EQ(check(peer.addr, peer.len, &own, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address names a transport this worker does not have");
+    assert_refused(peer.addr, peer.len, &own, "UCX address names a transport this worker does not have");
     /* The other way round is fine: every transport own names, peer has. */
     ASSERT_OK(check(own.addr, own.len, &peer, &why));
     wk_close(&own);
@@ -372,9 +367,7 @@ TEST(test_ucx_addr_unknown_versions_refused)
     for (unsigned v = 2; v <= 15; v++) {
         memcpy(m, a.addr, a.len);
         m[0] = (uint8_t)((m[0] & 0xf0) | v);
-        const char *why;
-        ASSERT_EQ(check(m, a.len, &a, &why), KVP_ERR_PROTOCOL);
-        ASSERT_STR_EQ(why, "unknown UCX address version");
+        assert_refused(m, a.len, &a, "unknown UCX address version");
     }
     free(m);
     wk_close(&a);
@@ -388,9 +381,7 @@ TEST(test_ucx_addr_empty_list_refused)
     uint8_t m[10];
     memcpy(m, a.addr, 9);
     m[9] = 0xff;
-    const char *why;
-    ASSERT_EQ(check(m, sizeof m, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address lists no transports");
+    assert_refused(m, sizeof m, &a, "UCX address lists no transports");
     wk_close(&a);
 }
 
@@ -413,16 +404,14 @@ TEST(test_ucx_addr_v2_extension_huge_length_refused)
     const char *why;
     ASSERT_MSG(check(m, a.len + 1, &a, &why) == KVP_OK, "refused: %s", why);
     m[at + 1] = 0xff;
-    ASSERT_EQ(check(m, a.len + 1, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX device address runs past the end");
+    assert_refused(m, a.len + 1, &a, "UCX device address runs past the end");
     /* The md index extension: 127 in the byte, then the index; 64 is past
      * UCX's 64-bit md map. */
     memcpy(m, a.addr, 10);
     m[10] = (uint8_t)((a.addr[10] & 0x80) | 0x7f);
     m[11] = 64;
     memcpy(m + 12, a.addr + 11, a.len - 11);
-    ASSERT_EQ(check(m, a.len + 1, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX memory domain index out of range");
+    assert_refused(m, a.len + 1, &a, "UCX memory domain index out of range");
     free(m);
     wk_close(&a);
 }
@@ -493,27 +482,23 @@ TEST(test_ucx_addr_iface_figures_refused)
         fig_t f = good;
         f.bw = bad_bw[i];
         n = build_v1(buf, &a, "self", 1, dl, il, &f);
-        ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-        ASSERT_STR_EQ(why, "UCX iface bandwidth not positive, not finite or implausible");
+        assert_refused(buf, n, &a, "UCX iface bandwidth not positive, not finite or implausible");
     }
     const float bad_t[] = {-1e-9f, NAN, INFINITY, -INFINITY, 10.0f};
     for (size_t i = 0; i < sizeof bad_t / sizeof bad_t[0]; i++) {
         fig_t f = good;
         f.ovh = bad_t[i];
         n = build_v1(buf, &a, "self", 1, dl, il, &f);
-        ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-        ASSERT_STR_EQ(why, "UCX iface overhead negative, not finite or over a second");
+        assert_refused(buf, n, &a, "UCX iface overhead negative, not finite or over a second");
         f = good;
         f.lat = bad_t[i];
         n = build_v1(buf, &a, "self", 1, dl, il, &f);
-        ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-        ASSERT_STR_EQ(why, "UCX iface latency negative, not finite or over a second");
+        assert_refused(buf, n, &a, "UCX iface latency negative, not finite or over a second");
     }
     fig_t f = good;
     f.prio_cap |= 1u << 25;
     n = build_v1(buf, &a, "self", 1, dl, il, &f);
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "unknown UCX iface capability bits");
+    assert_refused(buf, n, &a, "unknown UCX iface capability bits");
     wk_close(&a);
 }
 
@@ -530,29 +515,24 @@ TEST(test_ucx_addr_device_fields_refused)
     ASSERT_MSG(check(buf, n, &a, &why) == KVP_OK, "refused: %s", why);
     f.extra = 0;
     n = build_v1(buf, &a, "self", 1, dl, il, &f);
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX device with zero paths");
+    assert_refused(buf, n, &a, "UCX device with zero paths");
     f.dev_flags = 0x20;
     f.extra = 63;
     n = build_v1(buf, &a, "self", 1, dl, il, &f);
     ASSERT_MSG(check(buf, n, &a, &why) == KVP_OK, "refused: %s", why);
     f.extra = 64;
     n = build_v1(buf, &a, "self", 1, dl, il, &f);
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX system device index out of range");
+    assert_refused(buf, n, &a, "UCX system device index out of range");
     /* Lengths other than own's for the same transport. */
     f.dev_flags = 0;
     n = build_v1(buf, &a, "self", 1, dl, il + 1, &f);
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX transport address lengths or segment size differ from this worker's");
+    assert_refused(buf, n, &a, "UCX transport address lengths or segment size differ from this worker's");
     n = build_v1(buf, &a, "self", 1, dl + 4, il, &f);
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX transport address lengths or segment size differ from this worker's");
+    assert_refused(buf, n, &a, "UCX transport address lengths or segment size differ from this worker's");
     /* An ep address flag on the iface length byte. */
     n = build_v1(buf, &a, "self", 1, dl, il, &f);
     buf[11 + dl + 18] |= 0x40;
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "endpoint addresses in a UCX worker address");
+    assert_refused(buf, n, &a, "endpoint addresses in a UCX worker address");
     wk_close(&a);
 }
 
@@ -570,8 +550,7 @@ TEST(test_ucx_addr_more_than_128_transports_refused)
     ASSERT_MSG(check(buf, n, &a, &why) == KVP_OK, "refused: %s", why);
     n = build_v1(buf, &a, "self", 129, dl, il, &f);
     ASSERT_LE(n, KVP_UCX_ADDR_MAX);
-    ASSERT_EQ(check(buf, n, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "more than 128 UCX transport entries");
+    assert_refused(buf, n, &a, "more than 128 UCX transport entries");
     free(buf);
     wk_close(&a);
 }
@@ -635,9 +614,7 @@ TEST(test_ucx_addr_unified_mode_refused)
     setenv("UCX_UNIFIED_MODE", "y", 1);
     wk_t a;
     ASSERT(wk_open(&a, SHM_TLS, NULL, NULL));
-    const char *why;
-    ASSERT_EQ(check(a.addr, a.len, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX unified mode addresses cannot be checked (UCX_UNIFIED_MODE=y)");
+    assert_refused(a.addr, a.len, &a, "UCX unified mode addresses cannot be checked (UCX_UNIFIED_MODE=y)");
     wk_close(&a);
 }
 
@@ -650,8 +627,7 @@ TEST(test_ucx_addr_header_flags_refused)
     /* AM-only: a wireup address, never a worker's. */
     memcpy(m, a.addr, a.len);
     m[0] |= 0x80;
-    ASSERT_EQ(check(m, a.len, &a, &why), KVP_ERR_PROTOCOL);
-    ASSERT_STR_EQ(why, "UCX address header flags differ from this worker's");
+    assert_refused(m, a.len, &a, "UCX address header flags differ from this worker's");
     /* Client id and debug info add fields the walk must then find. */
     memcpy(m, a.addr, a.len);
     m[0] |= 0x40;
