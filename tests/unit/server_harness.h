@@ -28,6 +28,8 @@ typedef struct {
     uint16_t port;
     char uri[128];
     char dir[64];
+    int metrics;            /* set before server_start: serve Prometheus text on a port the
+                             * server picks (--metrics-port 0), read into metrics_port */
     uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
     const char *extra;      /* set before server_start: more server flags, space-separated
                              * (e.g. "--no-local-reads --put-timeout 2s") */
@@ -55,10 +57,12 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         snprintf(s->dir, sizeof s->dir, "/tmp/kvp-test-XXXXXX");
         ASSERT(mkdtemp(s->dir) != NULL);
     }
-    char portfile[128], listen[64], tokfile[128];
+    char portfile[128], mportfile[128], listen[64], tokfile[128];
     snprintf(portfile, sizeof portfile, "%s/port", s->dir);
+    snprintf(mportfile, sizeof mportfile, "%s/metrics-port", s->dir);
     snprintf(tokfile, sizeof tokfile, "%s/token", s->dir);
     unlink(portfile);
+    unlink(mportfile);
     const char *host = s->host ? s->host : "127.0.0.1";
     snprintf(listen, sizeof listen, "%s:%u", host, port);
     if (token) {
@@ -99,7 +103,12 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
             argv[argc++] = "--token-file";
             argv[argc++] = tokfile;
         }
-        if (s->metrics_port) {
+        if (s->metrics) {
+            argv[argc++] = "--metrics-port";
+            argv[argc++] = "0";
+            argv[argc++] = "--metrics-port-file";
+            argv[argc++] = mportfile;
+        } else if (s->metrics_port) {
             argv[argc++] = "--metrics-port";
             argv[argc++] = mport;
         }
@@ -117,6 +126,12 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         if (f && fscanf(f, "%u", &p) == 1) {
             fclose(f);
             s->port = (uint16_t)p;
+            if (s->metrics) { /* written before the port file */
+                f = fopen(mportfile, "r");
+                ASSERT_MSG(f && fscanf(f, "%u", &p) == 1 && p > 0 && p < 65536, "no metrics port in %s", mportfile);
+                fclose(f);
+                s->metrics_port = (uint16_t)p;
+            }
             snprintf(s->uri, sizeof s->uri, "kvpool://%s:%u?timeout=%s", host, s->port,
                      getenv("KVP_TEST_CALL_TIMEOUT") ? getenv("KVP_TEST_CALL_TIMEOUT") : "30s");
             return;
@@ -137,10 +152,10 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
     ASSERT_MSG(0, "server did not start");
 }
 
-/* A server with a metrics endpoint on a free port, no token. */
+/* A server with a metrics endpoint on a port it picks, no token. */
 static inline void server_start_metrics(server_t *s, const char *memory)
 {
-    s->metrics_port = free_port();
+    s->metrics = 1;
     server_start(s, memory, 0, NULL);
 }
 
@@ -160,7 +175,7 @@ static inline void server_postmortem(server_t *s, int st, int sig)
 /* Removes the server's directory (port file, log, token). */
 static inline void server_dir_remove(server_t *s)
 {
-    const char *files[] = {"port", "port.tmp", "server.log", "token"};
+    const char *files[] = {"port", "port.tmp", "metrics-port", "metrics-port.tmp", "server.log", "token"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char f[160];
         snprintf(f, sizeof f, "%s/%s", s->dir, files[i]);
