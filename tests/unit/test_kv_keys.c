@@ -332,4 +332,7 @@ TEST(test_store_key_replication_factor)
               KVP_ERR_NULL_POINTER);
 }
 
-TEST_LIST(T(test_scenario_11_store_key), T(test_store_key_roundtrip), T(test_store_key_parse_fields), T(test_store_key_parse_bad), T(test_store_key_format_bad), T(test_store_key_model_name), T(test_store_key_replication_factor))
+TEST_LIST(T(test_scenario_11_store_key), T(test_store_key_roundtrip),
+          T(test_store_key_parse_fields), T(test_store_key_parse_bad),
+          T(test_store_key_format_bad), T(test_store_key_model_name),
+          T(test_store_key_replication_factor))
