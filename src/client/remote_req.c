@@ -80,10 +80,9 @@ static void do_remove(remote_t *r, pending_t *p)
 
 pending_t *kvp__remote_pending_new(uint32_t wop, opctx_t *parent)
 {
-    pending_t *p = kvp__calloc(1, sizeof *p);
+    pending_t *p = kvp__calloc(1, sizeof *p); /* (PEND_POSTED) */
     if (!p)
         return NULL;
-    p->state = PEND_POSTED;
     p->wop = wop;
     p->parent = parent;
     p->op = parent ? parent->op : NULL;
