@@ -21,7 +21,8 @@
  * both locks held, so no write or read is ever on a closed (or reused)
  * descriptor, and an op fails only after its bytes stopped moving.
  *
- * Threads.  One UCX worker in multi-thread mode.  Callers' threads encode and
+ * Threads.  One UCX worker in multi-thread mode (on the process's one client
+ * context, net/ucx.h, shared by every handle).  Callers' threads encode and
  * post requests themselves; a progress thread sleeps on the worker's event fd
  * and runs every callback (replies, send and receive completions), checks
  * deadlines and tears broken connections down.  The client's own mutex is

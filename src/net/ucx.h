@@ -1,8 +1,10 @@
 /*
- * UCX set-up shared by the server and the remote client: one context with
- * active messages, one worker, and a readable list of the transports UCX
- * found (logged at start so operators see shm vs rdma).  UCX never uses tcp
- * in kvpool (see kvp__ucx_open).
+ * UCX set-up shared by the server and the remote client: a context with
+ * active messages, a worker, and a readable list of the transports UCX
+ * found (logged at start so operators see shm vs rdma).  The server makes
+ * its own context (kvp__ucx_open); the kvpool:// handles of a process share
+ * one (kvp__ucx_client_open), each with its own worker.  UCX never uses tcp
+ * in kvpool (see context_create in ucx.c).
  */
 #ifndef KVP_NET_UCX_H
 #define KVP_NET_UCX_H
