@@ -45,6 +45,7 @@
 #include "net/handshake.h"
 #include "net/lane.h"
 #include "net/wire.h"
+#include "net/wire_reply.h"
 #include "server/metrics.h"
 #include "server/server.h"
 #include "store/store.h"
@@ -279,7 +280,7 @@ void kvp__reply_send(reply_t *r);
 void kvp__reply_free(reply_t *r);
 void kvp__reply_status(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, kvp_status_t st);
 void kvp__reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, const kvp_key_result_t *res,
-                        uint32_t n, int sizes, uint64_t t0);
+                        uint32_t n, uint64_t t0);
 /* A decoded request of connection c (any op but PUT and IN_DATA). */
 void kvp__dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq);
 /* Counts a PUT, applies its released field; the status to refuse it
@@ -306,8 +307,9 @@ void kvp__lane_check(server_t *s, conn_t *c, uint64_t now);
 /* ---- lreads.c ---- */
 kvp_status_t kvp__lr_init(server_t *s);
 void kvp__lr_destroy(server_t *s);
-/* HELLO's arena field for c (nil unless c can map it). */
-void kvp__lr_hello(server_t *s, conn_t *c, kvp__mpw_t *w);
+/* HELLO's arena field for c, filled into *a: a, or NULL (nil) unless c
+ * can map it. */
+const kvp__wire_arena_t *kvp__lr_hello(server_t *s, conn_t *c, kvp__wire_arena_t *a);
 /* A HELLO carrying the proof that its client mapped the arena. */
 void kvp__lr_prove(server_t *s, conn_t *c, const kvp_key_t *proof);
 void kvp__lr_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq);
