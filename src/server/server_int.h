@@ -95,15 +95,9 @@ typedef struct conn {
     kvp__list_t in_datas;     /* UCX request headers being received (in_data_t.link) */
     uint64_t put_resv_bytes;  /* their reserved bytes */
     /* kvpool's TCP transport: frames on src.fd */
-    uint8_t *rx_buf;          /* frame head + request header being read */
-    size_t rx_cap, rx_len;
-    uint32_t rx_hdr_len;
-    uint64_t rx_data_len;     /* the frame's data bytes */
+    kvp__lane_rx_t rx;        /* frames in (rx.buf: NULL until the lane starts) */
     uint64_t rx_frame_ns;     /* when the frame being read began (0: between frames) */
-    struct put_ctx *rx_put;   /* a put whose values are being read */
-    uint64_t rx_left;         /* its bytes still to come */
-    uint32_t rx_i;            /* position in rx_put->iov */
-    size_t rx_off;
+    struct put_ctx *rx_put;   /* a put whose values are being read (into rx_put->iov) */
     uint64_t rx_progress_ns;  /* when its last bytes came */
     kvp__list_t tx;           /* replies waiting for the socket, in order (reply_t.link) */
     uint32_t tx_count;
@@ -133,8 +127,7 @@ typedef struct reply {
     ucp_dt_iov_t *iov;
     uint64_t t0;
     uint32_t op;
-    uint64_t tx_done;          /* TCP: bytes of the frame written */
-    uint8_t head[KVP_LANE_HEAD];
+    kvp__lane_tx_t tx;         /* TCP: its frame */
 } reply_t;
 
 /* A request header arriving as an active message's data (IN_DATA). */
@@ -163,7 +156,7 @@ typedef struct put_ctx {
     int abandoned;          /* UCX may still call back: the reservations are gone */
     int expired;            /* given up for put_timeout: counted as expired_put */
     /* TCP: values are reserved as the bytes come (lane.c) */
-    kvp_key_t *keys;        /* views into c->rx_buf */
+    kvp_key_t *keys;        /* views into c->rx.buf */
     uint32_t decided;       /* values [0, decided) have a destination */
     int64_t staged;         /* the value being staged, or -1 */
     void *stage;            /* its bytes (staged mapping) */
@@ -247,7 +240,6 @@ typedef struct server {
 #define LANE_RX_START 4096u                        /* a TCP connection's header buffer, grown as needed */
 #define LANE_FRAME_NS (5ull * 1000000000ull)       /* a frame's head and header must arrive within this */
 #define LANE_AHEAD (4ull << 20)                    /* TCP put bytes reserved ahead of those received */
-#define LANE_IOV_MAX 64
 #define LANE_RX_BUDGET 64u                         /* requests one wake-up reads from one connection */
 #define LANE_TX_MAX_COUNT 1024u                    /* replies waiting before the server stops reading */
 #define LANE_TX_MAX_BYTES (64ull << 20)
