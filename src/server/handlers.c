@@ -49,12 +49,17 @@ static void ucx_failed(server_t *s, conn_t *c, ucs_status_t status)
 
 /* ---- replies ---- */
 
-/* Ends a reply's claim on its connection: its leases, its count. */
-static void reply_detach(reply_t *r)
+void kvp__reply_drop_leases(reply_t *r)
 {
     for (uint32_t i = 0; i < r->nleases; i++)
         kvp__store_release(r->s->store, r->leases[i]);
     r->nleases = 0;
+}
+
+/* Ends a reply's claim on its connection: its leases, its count. */
+static void reply_detach(reply_t *r)
+{
+    kvp__reply_drop_leases(r);
     if (r->c) {
         kvp__list_del(&r->link);
         kvp__inflight_end(r->s, r->c, &r->s->inflight_replies);
@@ -262,6 +267,9 @@ put_ctx_t *kvp__put_new(server_t *s, conn_t *c, const kvp__wire_req_t *rq, kvp_s
     *pc = (put_ctx_t){.s = s, .c = c, .req_id = rq->req_id, .n = n, .t0 = now, .resv = resv, .res = res,
                       .iov = iov, .refuse = refuse, .staged = -1};
     pc->deadline_ns = now + (s->p.put_timeout_ns ? s->p.put_timeout_ns : 30ull * 1000000000ull);
+    pc->expires_ns = kvp__req_deadline(rq, now);
+    if (pc->expires_ns && pc->expires_ns < pc->deadline_ns)
+        pc->deadline_ns = pc->expires_ns;
     kvp__list_init(&pc->link);
     for (uint32_t i = 0; i < n; i++) {
         res[i].size = rq->sizes[i];
@@ -361,6 +369,8 @@ static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
     reply_t *r = kvp__reply_new(s, c, rq->op);
     if (!r)
         return;
+    r->req_id = rq->req_id;
+    r->expires_ns = kvp__req_deadline(rq, r->t0);
     r->cap = cap;
     r->leases = kvp__calloc(cap, sizeof *r->leases);
     r->iov = kvp__calloc(cap, sizeof *r->iov);

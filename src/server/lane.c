@@ -274,11 +274,50 @@ static void rx_shrink(server_t *s, conn_t *c)
     atomic_store(&s->ctr.header_bytes, s->hdr_bytes);
 }
 
+/* The put's deadline (its timeout_ms) passed with values still to come:
+ * what it reserved or staged expires now, the rest of its bytes go to the
+ * sink (the stream stays in step), and it is answered KVP_ERR_TIMEOUT once
+ * they are in. */
+static void put_expire(server_t *s, conn_t *c, put_ctx_t *pc, uint64_t now)
+{
+    if (!pc->expires_ns || now <= pc->expires_ns || pc->refuse != KVP_OK)
+        return;
+    kvp_warn_rl("server: conn %llu: a put's deadline (its request's timeout) passed with its values still "
+                "arriving; its reservations expire", (unsigned long long)c->id);
+    stage_free(s, pc);
+    for (uint32_t i = 0; i < pc->n; i++) {
+        if (pc->resv[i]) {
+            kvp__store_expire(s->store, pc->resv[i]);
+            pc->resv[i] = NULL;
+        }
+        pc->iov[i].buffer = s->discard;
+        pc->res[i].status = KVP_ERR_TIMEOUT;
+    }
+    pc->refuse = KVP_ERR_TIMEOUT;
+    atomic_fetch_add(&s->ctr.put_expired, 1);
+}
+
+/* A get's reply waiting, not begun, past its deadline: its leases end, and
+ * it goes as a KVP_ERR_TIMEOUT without values.  (One begun is finished:
+ * the stream cannot skip bytes.  Over UCX a reply is UCX's once sent.) */
+static void reply_expire(conn_t *c, reply_t *r, uint64_t now)
+{
+    if (!r->expires_ns || now <= r->expires_ns || r->tx.done || !r->nleases)
+        return;
+    kvp__reply_drop_leases(r);
+    r->w.len = 0;
+    kvp__wire_reply_status_encode(&r->w, r->op, r->req_id, KVP_ERR_TIMEOUT);
+    c->tx_bytes -= r->tx.total;
+    kvp__lane_tx_init(&r->tx, r->w.buf, (uint32_t)r->w.len, NULL, 0);
+    c->tx_bytes += r->tx.total;
+}
+
 /* Bytes of a put's values came. */
 static void put_progress(server_t *s, conn_t *c, int all_in)
 {
     put_ctx_t *pc = c->rx_put;
     c->rx_progress_ns = kvp__now_ns();
+    put_expire(s, c, pc, c->rx_progress_ns);
     if (pc->staged >= 0 && c->rx.i > (uint32_t)pc->staged)
         unstage(s, pc);
     if (all_in)
@@ -382,6 +421,10 @@ void kvp__lane_drop(server_t *s, conn_t *c)
 void kvp__lane_check(server_t *s, conn_t *c, uint64_t now)
 {
     uint64_t put_timeout = s->p.put_timeout_ns ? s->p.put_timeout_ns : 30ull * 1000000000ull;
+    if (c->rx_put)
+        put_expire(s, c, c->rx_put, now);
+    KVP_LIST_FOR_EACH(n, &c->tx)
+        reply_expire(c, KVP_CONTAINER_OF(n, reply_t, link), now);
     if (c->rx_put && now - c->rx_progress_ns > put_timeout) {
         atomic_fetch_add(&s->ctr.put_expired, 1);
         c->rx_put->expired = 1;

@@ -128,6 +128,8 @@ typedef struct reply {
     uint64_t t0;
     uint32_t op;
     kvp__lane_tx_t tx;         /* TCP: its frame */
+    uint64_t req_id;           /* GET: the request's, and its deadline (0: none; see kvp__req_deadline) */
+    uint64_t expires_ns;
 } reply_t;
 
 /* A request header arriving as an active message's data (IN_DATA). */
@@ -147,7 +149,8 @@ typedef struct put_ctx {
     uint64_t req_id;
     uint32_t n;
     uint64_t t0;
-    uint64_t deadline_ns;   /* UCX: the values must have arrived by then */
+    uint64_t deadline_ns;   /* UCX: the values must have arrived by then (put_timeout, or the request's) */
+    uint64_t expires_ns;    /* the request's deadline (0: none) */
     kvp__resv_t **resv;     /* NULL entry: key not (yet) being stored */
     kvp_key_result_t *res;
     ucp_dt_iov_t *iov;      /* where each value goes */
@@ -244,6 +247,16 @@ typedef struct server {
 #define LANE_TX_MAX_COUNT 1024u                    /* replies waiting before the server stops reading */
 #define LANE_TX_MAX_BYTES (64ull << 20)
 
+/* A request's deadline on the server's clock: timeout_ms after it arrived
+ * (now), or 0 when timeout_ms is 0 (none).  The client's own deadline began
+ * when it sent the request, so this one passes a little after the client's:
+ * by then the client has given up, and what the server still holds for the
+ * request (a put's reservations, a get's leases) only blocks others. */
+static inline uint64_t kvp__req_deadline(const kvp__wire_req_t *rq, uint64_t now)
+{
+    return rq->timeout_ms ? now + (uint64_t)rq->timeout_ms * 1000000ull : 0;
+}
+
 /* A request of c begins, or ends (or is given up on); part: which kind
  * (s->inflight_puts, _replies, _in_data). */
 static inline void kvp__inflight_begin(struct server *s, conn_t *c, uint64_t *part);
@@ -270,6 +283,8 @@ void kvp__conns_destroy(server_t *s);
 reply_t *kvp__reply_new(server_t *s, conn_t *c, uint32_t op);
 void kvp__reply_send(reply_t *r);
 void kvp__reply_free(reply_t *r);
+/* Ends the leases a reply reads from (it carries no values any more). */
+void kvp__reply_drop_leases(reply_t *r);
 void kvp__reply_status(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, kvp_status_t st);
 void kvp__reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, const kvp_key_result_t *res,
                         uint32_t n, uint64_t t0);
@@ -293,7 +308,7 @@ void kvp__lane_queue(server_t *s, conn_t *c, reply_t *r);
  * it was given up for put_timeout), queued replies, buffers. */
 void kvp__lane_drop(server_t *s, conn_t *c);
 /* Deadlines of a TCP connection: a frame that does not complete, a put
- * that makes no progress. */
+ * that makes no progress, requests past their timeout_ms (see lane.c). */
 void kvp__lane_check(server_t *s, conn_t *c, uint64_t now);
 
 /* ---- lreads.c ---- */
