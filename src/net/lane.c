@@ -109,9 +109,19 @@ kvp__lane_ev_t kvp__lane_rx_step(kvp__lane_rx_t *rx, int fd)
         return step_header(rx, fd);
     struct iovec v[KVP_LANE_IOV_MAX];
     int n = 0;
-    if (rx->iov)
+    if (rx->iov) {
+        /* never past the frame, whatever room the slices have */
         n = kvp__lane_iov_fill(v, KVP_LANE_IOV_MAX, rx->iov, rx->niov, rx->i, rx->off);
-    else if (rx->sink)
+        uint64_t room = 0;
+        for (int j = 0; j < n; j++) {
+            if (room + v[j].iov_len >= rx->left) {
+                v[j].iov_len = (size_t)(rx->left - room);
+                n = j + 1;
+                break;
+            }
+            room += v[j].iov_len;
+        }
+    } else if (rx->sink)
         v[n++] = (struct iovec){rx->sink, rx->left < rx->sink_len ? (size_t)rx->left : rx->sink_len};
     if (n == 0)
         return KVP_LANE_BAD; /* data with nowhere to go */

@@ -174,6 +174,38 @@ TEST(test_lane_reader_takes_frames_byte_by_byte_and_sinks_unwanted_data)
     close(sv2[1]);
 }
 
+/* Slices with more room than the frame's data: the reader stops at the
+ * frame's end, and the next frame reads whole. */
+TEST(test_lane_reader_never_reads_past_a_frame_into_roomy_slices)
+{
+    int sv[2];
+    pair(sv);
+    uint8_t v[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    ucp_dt_iov_t d = {v, sizeof v};
+    kvp__lane_tx_t a, b;
+    kvp__lane_tx_init(&a, "one", 3, &d, 1);
+    kvp__lane_tx_init(&b, "two", 3, NULL, 0);
+    ASSERT_EQ(kvp__lane_tx_write(&a, sv[0]), 1);
+    ASSERT_EQ(kvp__lane_tx_write(&b, sv[0]), 1);
+    kvp__lane_rx_t rx;
+    ASSERT_EQ(kvp__lane_rx_init(&rx, 64, NULL, 0), 0);
+    uint8_t room[100] = {0};
+    ucp_dt_iov_t dst = {room, sizeof room};
+    ASSERT_EQ(next(&rx, sv[1]), KVP_LANE_HEAD_IN);
+    ASSERT_EQ(next(&rx, sv[1]), KVP_LANE_FRAME);
+    kvp__lane_rx_into(&rx, &dst, 1);
+    ASSERT_EQ(next(&rx, sv[1]), KVP_LANE_DATA_IN);
+    ASSERT_MEM_EQ(room, v, sizeof v);
+    ASSERT_EQ(room[sizeof v], 0);
+    ASSERT_EQ(next(&rx, sv[1]), KVP_LANE_HEAD_IN);
+    ASSERT_EQ(next(&rx, sv[1]), KVP_LANE_FRAME);
+    ASSERT_MEM_EQ(kvp__lane_rx_header(&rx), "two", 3);
+    ASSERT(kvp__lane_rx_idle(&rx));
+    kvp__lane_rx_free(&rx);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 TEST(test_lane_reader_loses_the_stream_on_a_bad_head_eof_or_nowhere_to_put_data)
 {
     int sv[2];
@@ -233,4 +265,5 @@ TEST(test_lane_reader_loses_the_stream_on_a_bad_head_eof_or_nowhere_to_put_data)
 
 TEST_LIST(T(test_lane_frame_head_is_big_endian_and_bounded), T(test_lane_writer_and_reader_move_a_large_frame_exactly),
           T(test_lane_reader_takes_frames_byte_by_byte_and_sinks_unwanted_data),
+          T(test_lane_reader_never_reads_past_a_frame_into_roomy_slices),
           T(test_lane_reader_loses_the_stream_on_a_bad_head_eof_or_nowhere_to_put_data))
