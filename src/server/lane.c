@@ -1,10 +1,11 @@
 /*
  * kvpool's TCP transport, the server's side (net/lane.h, docs/protocol.md
  * §3).  Connections on it have no UCX endpoint: the same requests arrive as
- * frames on the connection's socket, a put's values are read from it
- * straight into their arena slots, and replies are queued and written (get
- * values straight from the leased slices) as the socket takes them.  Same
- * handlers, same rules as over UCX.
+ * frames on the connection's socket (read by net/lane.c's reader), a put's
+ * values are read from it straight into their arena slots, and replies are
+ * queued and written by net/lane.c's writer (get values straight from the
+ * leased slices) as the socket takes them.  Same handlers, same rules as
+ * over UCX.
  *
  * What a client on a plain network can hold here, and for how long:
  *
@@ -17,7 +18,10 @@
  *   allowed), and only once it is whole is its space reserved (evicting then)
  *   and the bytes copied in.  A put that stalls thus evicts nothing, and
  *   one that makes no progress for put_timeout is given up (its
- *   reservations expire) and its connection closed.
+ *   reservations expire) and its connection closed.  One whose request's
+ *   timeout_ms passes first lets its reservations expire and reads the rest
+ *   of its values into the sink (put_expire); a get reply queued, not begun,
+ *   past its deadline drops its leases (reply_expire).
  *
  *   A request header is read into a buffer that grows from LANE_RX_START to
  *   at most KVP_WIRE_HEADER_MAX, with hdr_max bytes for the grown part of all

@@ -18,7 +18,7 @@
  * locks for itself).
  *
  * Trust.  Every byte from a socket or an active message is decoded by
- * kvpool's own bounded decoders (net/handshake.c, net/wire.c, net/lane.h)
+ * kvpool's own bounded decoders (net/handshake.c, net/wire.c, net/lane.c)
  * before use.  UCX never parses a client's address: the server's UCX has no
  * tcp (net/ucx.c), clients create the endpoints, and the server answers on
  * the reply endpoint of each request, which must be the one its connection
@@ -33,6 +33,7 @@
  *   a request header (TCP)       KVP_WIRE_HEADER_MAX, hdr_max LANE_FRAME_NS
  *   replies waiting (TCP)        LANE_TX_MAX_*               (backpressure)
  *   local-read leases            LR_GROUPS_MAX, bytes, keys  LR_TTL_NS
+ *   (and whatever a request holds past its timeout_ms goes: kvp__req_deadline)
  */
 #ifndef KVP_SERVER_SERVER_INT_H
 #define KVP_SERVER_SERVER_INT_H
