@@ -50,11 +50,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              * then the rest would have nowhere to go), even ones into the sink */
             if (rx.data_len && (frames & 1))
                 kvp__lane_rx_into(&rx, iov, 2);
-        } else if (ev == KVP_LANE_PROGRESS || ev == KVP_LANE_DATA_IN) {
-            if (rx.state == KVP_LANE_RX_DATA || ev == KVP_LANE_DATA_IN)
-                got = rx.data_len - rx.left;
-            if (got > rx.data_len || rx.left > rx.data_len)
+        } else if (ev == KVP_LANE_DATA_IN) {
+            if (rx.left != 0 || !kvp__lane_rx_idle(&rx))
                 abort();
+        } else if (ev == KVP_LANE_PROGRESS && rx.state == KVP_LANE_RX_DATA) {
+            if (rx.left == 0 || rx.left > rx.data_len || rx.data_len - rx.left < got)
+                abort(); /* data only ever advance, within the frame */
+            got = rx.data_len - rx.left;
         }
     }
     kvp__lane_rx_free(&rx);

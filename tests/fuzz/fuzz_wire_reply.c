@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(buf);
         return 0;
     }
-    if (rep0.op > KVP_WOP_MAX || rep0.status > 0)
+    if (rep0.op > KVP_WOP_MAX || rep0.status > 1 || rep0.status < -1000)
         abort();
     kvp__wire_reply_t rep;
     (void)kvp__wire_reply_data_check(&rep0, size);
