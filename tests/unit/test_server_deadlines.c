@@ -51,11 +51,17 @@ static int exists_raw(int fd, uint64_t key, const char *name)
     return present;
 }
 
+/* A 64 MiB server, and a client of it on the TCP transport. */
+static kvp_pool_t *start(server_t *s)
+{
+    server_start(s, "64MiB", 0, NULL);
+    return open_ok(lane_uri(s));
+}
+
 TEST(test_server_lane_put_past_its_timeout_expires_and_answers_timeout)
 {
     server_t s = {0};
-    server_start(&s, "64MiB", 0, NULL);
-    kvp_pool_t *healthy = open_ok(lane_uri(&s));
+    kvp_pool_t *healthy = start(&s);
     size_t n = 1 << 20;
     uint8_t *val = malloc(n);
     for (size_t i = 0; i < n; i++)
@@ -132,14 +138,13 @@ static int gets_unread(uint16_t port, uint32_t timeout_ms, int n_gets, int *time
 
 TEST(test_server_lane_get_reply_waiting_past_its_timeout_answers_timeout)
 {
+    enum { N = 150 };
+    int timeouts;
     server_t s = {0};
-    server_start(&s, "64MiB", 0, NULL);
-    kvp_pool_t *healthy = open_ok(lane_uri(&s));
+    kvp_pool_t *healthy = start(&s);
     kvp_status_t st;
     put_pattern(healthy, "big", 1 << 20, 5, &st);
     ASSERT_OK(st);
-    enum { N = 150 };
-    int timeouts;
     /* 64 MiB of replies queue (the rest of the gets wait unread in the
      * socket): the queued ones not begun pass their 300 ms deadline. */
     int ok = gets_unread(s.port, 300, N, &timeouts);
