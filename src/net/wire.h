@@ -19,9 +19,11 @@
  * conn_key] (not for PUT, whose data are the values: clients split such a
  * put into several requests).
  *
- * The decoders here are the only code that reads bytes from the network; each
- * bounds every count and length before use and returns KVP_ERR_VERSION or
- * KVP_ERR_PROTOCOL for anything else (fuzzed by tests/fuzz/fuzz_wire.c).
+ * The decoders here and in net/wire_reply.h (each reply's fields) and
+ * net/lane.h (the TCP framing) are the only code that reads bytes from the
+ * network; each bounds every count and length before use and returns
+ * KVP_ERR_VERSION or KVP_ERR_PROTOCOL for anything else (fuzzed by
+ * tests/fuzz/fuzz_wire.c, fuzz_wire_reply.c and fuzz_wire_lane.c).
  */
 #ifndef KVP_NET_WIRE_H
 #define KVP_NET_WIRE_H
