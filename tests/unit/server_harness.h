@@ -30,16 +30,13 @@ typedef struct {
     char dir[64];
     int metrics;            /* set before server_start: serve Prometheus text on a port the
                              * server picks (--metrics-port 0), read into metrics_port */
-    uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
+    uint16_t metrics_port;  /* with metrics: the port the server chose */
     const char *extra;      /* set before server_start: more server flags, space-separated
                              * (e.g. "--no-local-reads --put-timeout 2s") */
-    int start_retries;
     int nofile;             /* set before server_start: the server's descriptor limit (soft and hard) */
     const char *host;       /* set before server_start: listen address (default 127.0.0.1) */
     const char *netns;      /* set before server_start: run in this network namespace */
 } server_t;
-
-static inline uint16_t free_port(void);
 
 static inline void sleep_ms(int ms)
 {
@@ -82,8 +79,6 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (!getenv("KVP_TEST_SERVER_LOG") && logfd >= 0)
             dup2(logfd, 2);
-        char mport[16];
-        snprintf(mport, sizeof mport, "%u", s->metrics_port);
         if (s->nofile) {
             struct rlimit rl = {(rlim_t)s->nofile, (rlim_t)s->nofile};
             setrlimit(RLIMIT_NOFILE, &rl);
@@ -108,9 +103,6 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
             argv[argc++] = "0";
             argv[argc++] = "--metrics-port-file";
             argv[argc++] = mportfile;
-        } else if (s->metrics_port) {
-            argv[argc++] = "--metrics-port";
-            argv[argc++] = mport;
         }
         static char extra[512];
         snprintf(extra, sizeof extra, "%s", s->extra ? s->extra : "");
@@ -139,14 +131,7 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         if (f)
             fclose(f);
         int st;
-        if (waitpid(s->pid, &st, WNOHANG) != 0) {
-            /* Its metrics port, free when picked, may have been taken
-             * since by another test: pick again (a few times). */
-            ASSERT_MSG(s->metrics_port && s->start_retries++ < 5, "server exited at start");
-            s->metrics_port = free_port();
-            server_start(s, memory, port, token);
-            return;
-        }
+        ASSERT_MSG(waitpid(s->pid, &st, WNOHANG) == 0, "server exited at start");
         sleep_ms(10);
     }
     ASSERT_MSG(0, "server did not start");
@@ -345,17 +330,6 @@ static inline void lane_expect_closed(int fd)
     kvp_status_t st;
     ASSERT_EQ(lane_raw_next(fd, &op, &st), 0);
     close(fd);
-}
-
-static inline uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
-    socklen_t sl = sizeof sa;
-    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ASSERT_EQ(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
 }
 
 /* GET /metrics; returns the body (malloc'd) or NULL. */

@@ -500,7 +500,7 @@ TEST(test_h2_writers_killed_mid_put_leave_no_reservation_or_connection)
      * without leak detection (every other keeps it). */
     if (getenv("KVP_SANITIZE"))
         setenv("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1", 1);
-    s.metrics_port = free_port();
+    s.metrics = 1;
     s.extra = "--put-timeout 2s";
     /* (UCX says at exit which requests to dead peers it still held: many) */
     setenv("UCX_LOG_LEVEL", "error", 1);
@@ -771,7 +771,7 @@ static void put_big(kvp_pool_t *p, const char *name, size_t size, uint32_t k)
 TEST(test_m3_stalled_tcp_put_evicts_nothing_and_expires)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
+    s.metrics = 1;
     s.extra = "--put-timeout 2s";
     server_start(&s, "64MiB", 0, NULL);
     kvp_pool_t *p = open_ok(s.uri);
@@ -1345,7 +1345,7 @@ TEST(test_network_listener_needs_a_token_and_binds_only_its_address)
     server_t s = {0};
     s.netns = ns;
     s.host = host;
-    s.metrics_port = free_port();
+    s.metrics = 1;
     server_start(&s, "16MiB", 0, "netsecret");
     char socks[16][64], want[64], wantm[64];
     int n = listening(s.pid, ns, socks, 16);
