@@ -19,7 +19,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "ec/ec_json.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "ec/ec_scripted.h"
 #include "ec/ec_table.h"
 #include "kvpool/ec_connector.h"
@@ -42,7 +42,7 @@ typedef struct {
     kvp__ec_sexec_t exec;
     kvp__ec_sctl_t ctl;
     kvp__ec_sinbox_t inbox;
-    kvp__ec_map_t reqs; /* rid -> rreq_t */
+    kvp__strmap_t reqs; /* rid -> rreq_t */
     kvp__ec_buf_t last_table;
     bool have_table_printed;
     uint64_t last_version;
@@ -93,10 +93,10 @@ static bool is_strs(const kvp_ec_value_t *f)
 
 static void params_clear(kvp_ec_transfer_params_t *p)
 {
-    kvp__ec_strfree((char *)p->consumer_zmq);
+    kvp__strfree((char *)p->consumer_zmq);
     for (size_t i = 0; i < p->n_items; i++) {
-        kvp__ec_strfree((char *)p->items[i].mm_hash);
-        kvp__ec_strfree((char *)p->items[i].transfer_id);
+        kvp__strfree((char *)p->items[i].mm_hash);
+        kvp__strfree((char *)p->items[i].transfer_id);
     }
     if (p->items)
         kvp__free((void *)p->items, p->n_items * sizeof *p->items);
@@ -106,8 +106,8 @@ static void params_clear(kvp_ec_transfer_params_t *p)
 static void feats_free(kvp_ec_feature_t *f, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        kvp__ec_strfree((char *)f[i].identifier);
-        kvp__ec_strfree((char *)f[i].modality);
+        kvp__strfree((char *)f[i].identifier);
+        kvp__strfree((char *)f[i].modality);
     }
     if (f)
         kvp__free(f, n * sizeof *f);
@@ -115,7 +115,7 @@ static void feats_free(kvp_ec_feature_t *f, size_t n)
 
 static void rreq_free(rreq_t *r)
 {
-    kvp__ec_strfree(r->rid);
+    kvp__strfree(r->rid);
     feats_free(r->feats, r->n_feats);
     params_clear(&r->params);
     kvp__free(r, sizeof *r);
@@ -123,7 +123,7 @@ static void rreq_free(rreq_t *r)
 
 static char *dup_or_null(const kvp_ec_value_t *v)
 {
-    return (v && v->type == KVP_EC_V_STR) ? kvp__ec_strdup(v->u.str.ptr) : NULL;
+    return (v && v->type == KVP_EC_V_STR) ? kvp__strdup(v->u.str.ptr) : NULL;
 }
 
 static err_t op_req(replay_t *rp, const kvp_ec_value_t *ev)
@@ -169,7 +169,7 @@ static err_t op_req(replay_t *rp, const kvp_ec_value_t *ev)
             }
         }
     }
-    rreq_t *r = kvp__ec_map_gets(&rp->reqs, rid);
+    rreq_t *r = kvp__strmap_gets(&rp->reqs, rid);
     if (!r && !fl)
         return E_BAD;
     if (fl) {
@@ -182,14 +182,14 @@ static err_t op_req(replay_t *rp, const kvp_ec_value_t *ev)
             feats[i].num_embeds = feats[i].length;
             if (field(f, "num_embeds"))
                 get_nat(f, "num_embeds", &feats[i].num_embeds);
-            feats[i].identifier = kvp__ec_strdup(get_str(f, "identifier"));
-            feats[i].modality = kvp__ec_strdup(get_str(f, "modality"));
+            feats[i].identifier = kvp__strdup(get_str(f, "identifier"));
+            feats[i].modality = kvp__strdup(get_str(f, "modality"));
         }
     }
     if (!r) {
         r = kvp__calloc(1, sizeof *r);
-        r->rid = kvp__ec_strdup(rid);
-        kvp__ec_map_put(&rp->reqs, r->rid, strlen(r->rid), r);
+        r->rid = kvp__strdup(rid);
+        kvp__strmap_put(&rp->reqs, r->rid, strlen(r->rid), r);
     }
     if (fl) {
         feats_free(r->feats, r->n_feats);
@@ -222,7 +222,7 @@ static err_t lookup_req(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_request_t
     const char *rid = get_str(ev, "req_id");
     if (!rid)
         return E_BAD;
-    rreq_t *r = kvp__ec_map_gets(&rp->reqs, rid);
+    rreq_t *r = kvp__strmap_gets(&rp->reqs, rid);
     if (!r)
         return E_UNKNOWN_REQ;
     view->request_id = r->rid;
@@ -387,7 +387,7 @@ static err_t op_run_job(replay_t *rp, const kvp_ec_value_t *ev, kvp__ec_buf_t *o
             dv[i].n = d->u.arr.n;
             dv[i].addrs = kvp__calloc(dv[i].n, sizeof *dv[i].addrs);
             for (size_t k = 0; k < dv[i].n; k++)
-                dv[i].addrs[k] = kvp__ec_strdup(d->u.arr.items[k].u.str.ptr);
+                dv[i].addrs[k] = kvp__strdup(d->u.arr.items[k].u.str.ptr);
         }
     }
     for (size_t i = 0; i < nr; i++) {
@@ -557,16 +557,16 @@ static char **strs_dedup(const kvp_ec_value_t *f, size_t *n_p)
 {
     size_t n = f->u.arr.n, k = 0;
     char **v = n ? kvp__calloc(n, sizeof *v) : NULL;
-    kvp__ec_map_t seen;
-    kvp__ec_map_init(&seen);
+    kvp__strmap_t seen;
+    kvp__strmap_init(&seen);
     for (size_t i = 0; i < n; i++) {
         const char *s = f->u.arr.items[i].u.str.ptr;
-        if (kvp__ec_map_gets(&seen, s))
+        if (kvp__strmap_gets(&seen, s))
             continue;
-        kvp__ec_map_put(&seen, s, strlen(s), (void *)s);
-        v[k++] = kvp__ec_strdup(s);
+        kvp__strmap_put(&seen, s, strlen(s), (void *)s);
+        v[k++] = kvp__strdup(s);
     }
-    kvp__ec_map_cleanup(&seen);
+    kvp__strmap_cleanup(&seen);
     if (k < n && k) {
         char **nv = kvp__realloc(v, n * sizeof *v, k * sizeof *v);
         if (nv)
@@ -831,7 +831,7 @@ int kvp_cmd_ec_sched_replay(int argc, char **argv)
     memset(&rp, 0, sizeof rp);
     kvp__ec_sexec_init(&rp.exec);
     kvp__ec_sctl_init(&rp.ctl);
-    kvp__ec_map_init(&rp.reqs);
+    kvp__strmap_init(&rp.reqs);
     kvp__ec_buf_init(&rp.last_table);
     PUTS(&rp.last_table, "[]");
     int rc = 0;
@@ -897,7 +897,7 @@ int kvp_cmd_ec_sched_replay(int argc, char **argv)
     for (size_t i = 0; i < rp.reqs.cap; i++)
         if (rp.reqs.slots[i].key)
             rreq_free(rp.reqs.slots[i].val);
-    kvp__ec_map_cleanup(&rp.reqs);
+    kvp__strmap_cleanup(&rp.reqs);
     kvp__ec_sexec_cleanup(&rp.exec);
     kvp__ec_sctl_cleanup(&rp.ctl);
     kvp__ec_sinbox_cleanup(&rp.inbox);

@@ -23,7 +23,7 @@
 #include "commands.h"
 #include "common/alloc.h"
 #include "common/log.h"
-#include "kv/kv_idmap.h"
+#include "common/strmap.h"
 #include "kv/kv_json.h"
 #include "kvpool/kv_connector.h"
 
@@ -228,8 +228,8 @@ typedef struct rreq {
 typedef struct {
     kvp_kv_sched_t *sched;
     kvp_kv_scripted_t *sc;
-    kvp__kv_idmap_t reqs;
-    kvp__kv_idmap_t nst;
+    kvp__strmap_t reqs;
+    kvp__strmap_t nst;
     kvp__json_parser_t jp;
     scratch_t scr;
     obuf_t out;
@@ -239,7 +239,7 @@ typedef struct {
 static rreq_t *req_find(replay_t *R, const char *id)
 {
     size_t n = strlen(id);
-    return kvp__kv_idmap_get(&R->reqs, id, n, kvp__kv_id_hash(id, n));
+    return kvp__strmap_get_h(&R->reqs, id, n, kvp__strmap_hash(id, n));
 }
 
 /* ---- validation (ref.py's _req/_opt/_is) -------------------------------- */
@@ -394,7 +394,7 @@ static int op_req(replay_t *R, const jnode_t *ev)
         memcpy(r->id, id->u.s, n + 1);
         r->id_len = n;
         r->view.req_id = r->id;
-        if (kvp__kv_idmap_put(&R->reqs, r->id, n, kvp__kv_id_hash(r->id, n), r) != KVP_OK) {
+        if (kvp__strmap_put_h(&R->reqs, r->id, n, kvp__strmap_hash(r->id, n), r) != KVP_OK) {
             kvp__free(r, sizeof *r + n + 1);
             return R_TYPE;
         }
@@ -637,7 +637,7 @@ static void ob_reqmeta(obuf_t *o, const kvp_kv_req_meta_t *m)
 static int64_t nst_lookup(replay_t *R, const char *id)
 {
     size_t n = strlen(id);
-    const jnode_t *v = kvp__kv_idmap_get(&R->nst, id, n, kvp__kv_id_hash(id, n));
+    const jnode_t *v = kvp__strmap_get_h(&R->nst, id, n, kvp__strmap_hash(id, n));
     return v ? v->u.i : KVP_KV_NO_ENTRY;
 }
 
@@ -723,12 +723,12 @@ static int op_build(replay_t *R, const jnode_t *ev)
         so.preempted_req_ids = id_set(R, pre, &so.num_preempted);
     size_t nres = 0;
     const char **resumed = id_set(R, res, &nres);
-    kvp__kv_idmap_cleanup(&R->nst);
+    kvp__strmap_cleanup(&R->nst);
     for (size_t i = 0; i < nst->n; i++) {
         const jnode_t *m = &nst->u.items[i];
-        uint64_t h = kvp__kv_id_hash(m->key, m->key_len);
-        kvp__kv_idmap_del(&R->nst, m->key, m->key_len, h); /* last one wins */
-        if (kvp__kv_idmap_put(&R->nst, m->key, m->key_len, h, (void *)m) != KVP_OK)
+        uint64_t h = kvp__strmap_hash(m->key, m->key_len);
+        kvp__strmap_del_h(&R->nst, m->key, m->key_len, h); /* last one wins */
+        if (kvp__strmap_put_h(&R->nst, m->key, m->key_len, h, (void *)m) != KVP_OK)
             return R_TYPE;
     }
     kvp_kv_new_req_t *nrs = sc_alloc(&R->scr, (news->n + 1) * sizeof *nrs);
@@ -924,15 +924,15 @@ static void replay_cleanup(replay_t *R)
     kvp_kv_sched_destroy(R->sched);
     kvp_kv_scripted_destroy(R->sc);
     for (size_t i = 0; i < R->reqs.cap; i++) {
-        rreq_t *r = R->reqs.slots[i].item;
-        if (!R->reqs.slots[i].hash || !r)
+        rreq_t *r = R->reqs.slots[i].val;
+        if (!R->reqs.slots[i].key || !r)
             continue;
         if (r->toks)
             kvp__free(r->toks, r->toks_cap * sizeof(int64_t));
         kvp__free(r, sizeof *r + r->id_len + 1);
     }
-    kvp__kv_idmap_cleanup(&R->reqs);
-    kvp__kv_idmap_cleanup(&R->nst);
+    kvp__strmap_cleanup(&R->reqs);
+    kvp__strmap_cleanup(&R->nst);
     kvp__json_parser_cleanup(&R->jp);
     sc_reset(&R->scr, true);
     free(R->out.p);
@@ -964,8 +964,8 @@ int kvp_cmd_kv_sched_replay(int argc, char **argv)
     }
     replay_t R;
     memset(&R, 0, sizeof R);
-    kvp__kv_idmap_init(&R.reqs);
-    kvp__kv_idmap_init(&R.nst);
+    kvp__strmap_init(&R.reqs);
+    kvp__strmap_init(&R.nst);
     kvp__json_parser_init(&R.jp);
     char *line = NULL;
     size_t lcap = 0;

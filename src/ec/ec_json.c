@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 
 typedef struct {
     const char *p, *end;
@@ -619,7 +619,7 @@ kvp_status_t kvp__ec_py_str(const kvp_ec_value_t *v, char **out_p)
         kvp__ec_buf_cleanup(&b);
         return KVP_ERR_NO_MEMORY;
     }
-    char *s = kvp__ec_strdup(b.p);
+    char *s = kvp__strdup(b.p);
     kvp__ec_buf_cleanup(&b);
     if (!s)
         return KVP_ERR_NO_MEMORY;

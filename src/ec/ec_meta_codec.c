@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "ec/ec_table.h"
 #include "kvpool/ec_connector.h"
 

@@ -6,13 +6,13 @@
 
 void kvp__ec_ready_init(kvp__ec_ready_t *r)
 {
-    kvp__ec_map_init(&r->map);
+    kvp__strmap_init(&r->map);
     r->head = r->tail = NULL;
 }
 
 static void entry_free(kvp__ec_rentry_t *e)
 {
-    kvp__ec_strfree(e->tid);
+    kvp__strfree(e->tid);
     if (e->shards)
         kvp__free(e->shards, e->cap * sizeof *e->shards);
     kvp__free(e, sizeof *e);
@@ -26,7 +26,7 @@ void kvp__ec_ready_cleanup(kvp__ec_ready_t *r)
         entry_free(e);
         e = n;
     }
-    kvp__ec_map_cleanup(&r->map);
+    kvp__strmap_cleanup(&r->map);
     r->head = r->tail = NULL;
 }
 
@@ -58,7 +58,7 @@ static void append_entry(kvp__ec_ready_t *r, kvp__ec_rentry_t *e)
 
 kvp_status_t kvp__ec_ready_touch(kvp__ec_ready_t *r, const char *tid, kvp__ec_rentry_t **e_p)
 {
-    kvp__ec_rentry_t *e = kvp__ec_map_gets(&r->map, tid);
+    kvp__ec_rentry_t *e = kvp__strmap_gets(&r->map, tid);
     if (e) {
         unlink_entry(r, e);
         append_entry(r, e);
@@ -68,13 +68,13 @@ kvp_status_t kvp__ec_ready_touch(kvp__ec_ready_t *r, const char *tid, kvp__ec_re
     e = kvp__calloc(1, sizeof *e);
     if (!e)
         return KVP_ERR_NO_MEMORY;
-    e->tid = kvp__ec_strdup(tid);
+    e->tid = kvp__strdup(tid);
     if (!e->tid) {
         kvp__free(e, sizeof *e);
         return KVP_ERR_NO_MEMORY;
     }
     e->tid_len = strlen(tid);
-    if (kvp__ec_map_put(&r->map, e->tid, e->tid_len, e) != KVP_OK) {
+    if (kvp__strmap_put(&r->map, e->tid, e->tid_len, e) != KVP_OK) {
         entry_free(e);
         return KVP_ERR_NO_MEMORY;
     }
@@ -102,7 +102,7 @@ kvp_status_t kvp__ec_ready_add(kvp__ec_rentry_t *e, int64_t shard)
 
 void kvp__ec_ready_forget(kvp__ec_ready_t *r, const char *tid)
 {
-    kvp__ec_rentry_t *e = kvp__ec_map_del(&r->map, tid, strlen(tid));
+    kvp__ec_rentry_t *e = kvp__strmap_del(&r->map, tid, strlen(tid));
     if (!e)
         return;
     unlink_entry(r, e);
@@ -113,7 +113,7 @@ void kvp__ec_ready_trim(kvp__ec_ready_t *r, size_t limit)
 {
     while (r->map.n > limit && r->head) {
         kvp__ec_rentry_t *e = r->head;
-        kvp__ec_map_del(&r->map, e->tid, e->tid_len);
+        kvp__strmap_del(&r->map, e->tid, e->tid_len);
         unlink_entry(r, e);
         entry_free(e);
     }

@@ -6,7 +6,7 @@
 #ifndef KVP_EC_READY_H
 #define KVP_EC_READY_H
 
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 
 typedef struct kvp__ec_rentry {
     char *tid;
@@ -17,7 +17,7 @@ typedef struct kvp__ec_rentry {
 } kvp__ec_rentry_t;
 
 typedef struct {
-    kvp__ec_map_t map; /* tid -> entry */
+    kvp__strmap_t map; /* tid -> entry */
     kvp__ec_rentry_t *head, *tail; /* oldest first */
 } kvp__ec_ready_t;
 

@@ -61,7 +61,7 @@ void kvp__ec_strv_free(char **v, size_t n)
     if (!v)
         return;
     for (size_t i = 0; i < n; i++)
-        kvp__ec_strfree(v[i]);
+        kvp__strfree(v[i]);
     kvp__free(v, n * sizeof *v);
 }
 
@@ -69,9 +69,9 @@ void kvp__ec_spec_free(kvp__ec_spec_t *s)
 {
     if (!s)
         return;
-    kvp__ec_strfree(s->mm_hash);
-    kvp__ec_strfree(s->dtype);
-    kvp__ec_strfree(s->transfer_id);
+    kvp__strfree(s->mm_hash);
+    kvp__strfree(s->dtype);
+    kvp__strfree(s->transfer_id);
     if (s->shape)
         kvp__free(s->shape, s->ndim * sizeof *s->shape);
     kvp__free(s, sizeof *s);
@@ -83,9 +83,9 @@ kvp__ec_spec_t *kvp__ec_spec_clone(const kvp__ec_spec_t *s)
     if (!c)
         return NULL;
     *c = *s;
-    c->mm_hash = kvp__ec_strdup(s->mm_hash);
-    c->dtype = kvp__ec_strdup(s->dtype);
-    c->transfer_id = kvp__ec_strdup(s->transfer_id);
+    c->mm_hash = kvp__strdup(s->mm_hash);
+    c->dtype = kvp__strdup(s->dtype);
+    c->transfer_id = kvp__strdup(s->transfer_id);
     c->shape = s->ndim ? kvp__malloc(s->ndim * sizeof *s->shape) : NULL;
     if (!c->mm_hash || !c->dtype || !c->transfer_id || (s->ndim && !c->shape)) {
         if (s->ndim && !c->shape)
@@ -103,17 +103,17 @@ void kvp__ec_table_init(kvp__ec_table_t *t, int64_t resident_capacity, int64_t t
     memset(t, 0, sizeof *t);
     t->resident_capacity = resident_capacity;
     t->tombstone_ttl_ms = tombstone_ttl_ms;
-    kvp__ec_map_init(&t->records);
-    kvp__ec_map_init(&t->hashes);
-    kvp__ec_map_init(&t->unavailable);
-    kvp__ec_map_init(&t->orphan_set);
+    kvp__strmap_init(&t->records);
+    kvp__strmap_init(&t->hashes);
+    kvp__strmap_init(&t->unavailable);
+    kvp__strmap_init(&t->orphan_set);
 }
 
 static void rec_free(kvp__ec_rec_t *r)
 {
-    kvp__ec_strfree(r->tid);
-    kvp__ec_strfree(r->req);
-    kvp__ec_strfree(r->hash);
+    kvp__strfree(r->tid);
+    kvp__strfree(r->req);
+    kvp__strfree(r->hash);
     kvp__ec_spec_free(r->spec);
     kvp__ec_strv_free(r->notified, r->cap_notified);
     kvp__free(r, sizeof *r);
@@ -131,13 +131,13 @@ void kvp__ec_table_cleanup(kvp__ec_table_t *t)
         if (!t->hashes.slots[i].key)
             continue;
         kvp__ec_hent_t *h = t->hashes.slots[i].val;
-        kvp__ec_strfree(h->hash);
+        kvp__strfree(h->hash);
         kvp__free(h, sizeof *h);
     }
-    kvp__ec_map_cleanup(&t->records);
-    kvp__ec_map_cleanup(&t->hashes);
-    kvp__ec_sset_cleanup(&t->unavailable);
-    kvp__ec_sset_cleanup(&t->orphan_set);
+    kvp__strmap_cleanup(&t->records);
+    kvp__strmap_cleanup(&t->hashes);
+    kvp__strset_cleanup(&t->unavailable);
+    kvp__strset_cleanup(&t->orphan_set);
     kvp__ec_strv_free(t->orphans, t->cap_orphans);
     memset(t, 0, sizeof *t);
 }
@@ -242,9 +242,9 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
     kvp__ec_rec_t *r = kvp__calloc(1, sizeof *r);
     if (!r)
         return KVP_ERR_NO_MEMORY;
-    r->tid = kvp__ec_strdup(tid);
-    r->req = kvp__ec_strdup(req ? req : "");
-    r->hash = kvp__ec_strdup(hash ? hash : "");
+    r->tid = kvp__strdup(tid);
+    r->req = kvp__strdup(req ? req : "");
+    r->hash = kvp__strdup(hash ? hash : "");
     if (!r->tid || !r->req || !r->hash)
         goto oom;
     r->tid_len = strlen(r->tid);
@@ -254,24 +254,24 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
     kvp__ec_hent_t *h = NULL;
     bool new_hent = false;
     if (r->hash[0]) {
-        h = kvp__ec_map_gets(&t->hashes, r->hash);
+        h = kvp__strmap_gets(&t->hashes, r->hash);
         if (!h) {
             h = kvp__calloc(1, sizeof *h);
             if (!h)
                 goto oom;
-            h->hash = kvp__ec_strdup(r->hash);
-            if (!h->hash || kvp__ec_map_put(&t->hashes, h->hash, strlen(h->hash), h) != KVP_OK) {
-                kvp__ec_strfree(h->hash);
+            h->hash = kvp__strdup(r->hash);
+            if (!h->hash || kvp__strmap_put(&t->hashes, h->hash, strlen(h->hash), h) != KVP_OK) {
+                kvp__strfree(h->hash);
                 kvp__free(h, sizeof *h);
                 goto oom;
             }
             new_hent = true;
         }
     }
-    if (kvp__ec_map_put(&t->records, r->tid, r->tid_len, r) != KVP_OK) {
+    if (kvp__strmap_put(&t->records, r->tid, r->tid_len, r) != KVP_OK) {
         if (new_hent) {
-            kvp__ec_map_del(&t->hashes, h->hash, strlen(h->hash));
-            kvp__ec_strfree(h->hash);
+            kvp__strmap_del(&t->hashes, h->hash, strlen(h->hash));
+            kvp__strfree(h->hash);
             kvp__free(h, sizeof *h);
         }
         goto oom;
@@ -298,7 +298,7 @@ oom:
 static void remove_rec(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
     account(t, r, -1);
-    kvp__ec_map_del(&t->records, r->tid, r->tid_len);
+    kvp__strmap_del(&t->records, r->tid, r->tid_len);
     order_unlink(t, r);
     dispatch_unlink(t, r);
     kvp__ec_hent_t *h = r->hent;
@@ -312,8 +312,8 @@ static void remove_rec(kvp__ec_table_t *t, kvp__ec_rec_t *r)
         else
             h->tail = r->hprev;
         if (!h->head) {
-            kvp__ec_map_del(&t->hashes, h->hash, strlen(h->hash));
-            kvp__ec_strfree(h->hash);
+            kvp__strmap_del(&t->hashes, h->hash, strlen(h->hash));
+            kvp__strfree(h->hash);
             kvp__free(h, sizeof *h);
         }
     }
@@ -342,10 +342,10 @@ static void set_req_if_empty(kvp__ec_table_t *t, kvp__ec_rec_t *r, const char *r
 {
     if (r->req[0] || !req || !req[0])
         return;
-    char *c = kvp__ec_strdup(req);
+    char *c = kvp__strdup(req);
     if (!c)
         return; /* out of memory: the request id stays unknown (display only) */
-    kvp__ec_strfree(r->req);
+    kvp__strfree(r->req);
     r->req = c;
     t->version++;
 }
@@ -361,12 +361,12 @@ static void set_deadline(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t deadline)
 
 kvp__ec_rec_t *kvp__ec_table_get(const kvp__ec_table_t *t, const char *tid)
 {
-    return kvp__ec_map_gets(&t->records, tid);
+    return kvp__strmap_gets(&t->records, tid);
 }
 
 bool kvp__ec_table_has_state(const kvp__ec_table_t *t, const char *hash, kvp__ec_stateset_t states)
 {
-    const kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    const kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (!h)
         return false;
     for (int s = 0; s < KVP_EC_NUM_STATES; s++)
@@ -379,7 +379,7 @@ static kvp__ec_rec_t *first_for_hash(const kvp__ec_table_t *t, const char *hash,
 {
     if (!kvp__ec_table_has_state(t, hash, states))
         return NULL;
-    const kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    const kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
         if (states & KVP__EC_S(r->state))
             return r;
@@ -400,12 +400,12 @@ static kvp_status_t notify_unavailable(kvp__ec_table_t *t, kvp__ec_rec_t *r, con
         r->notified = nv;
         r->cap_notified = ncap;
     }
-    char *c = kvp__ec_strdup(req);
+    char *c = kvp__strdup(req);
     if (!c)
         return KVP_ERR_NO_MEMORY;
-    kvp_status_t st = kvp__ec_sset_add(&t->unavailable, req, NULL);
+    kvp_status_t st = kvp__strset_add(&t->unavailable, req, NULL);
     if (st != KVP_OK) {
-        kvp__ec_strfree(c);
+        kvp__strfree(c);
         return st;
     }
     r->notified[r->n_notified++] = c;
@@ -542,7 +542,7 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
     kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
     if (st != KVP_OK)
         return st;
-    if (kvp__ec_sset_has(&t->orphan_set, r->tid))
+    if (kvp__strset_has(&t->orphan_set, r->tid))
         return KVP_OK;
     if (t->n_orphans == t->cap_orphans) {
         size_t ncap = t->cap_orphans ? t->cap_orphans * 2 : 8;
@@ -553,12 +553,12 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
         t->orphans = nv;
         t->cap_orphans = ncap;
     }
-    char *c = kvp__ec_strdup(r->tid);
+    char *c = kvp__strdup(r->tid);
     if (!c)
         return KVP_ERR_NO_MEMORY;
-    st = kvp__ec_sset_add(&t->orphan_set, r->tid, NULL);
+    st = kvp__strset_add(&t->orphan_set, r->tid, NULL);
     if (st != KVP_OK) {
-        kvp__ec_strfree(c);
+        kvp__strfree(c);
         return st;
     }
     t->orphans[t->n_orphans++] = c;
@@ -578,7 +578,7 @@ static kvp_status_t evict_residents(kvp__ec_table_t *t, int64_t now)
 
 kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, int64_t now)
 {
-    kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (h && h->count[KVP_EC_READY]) {
         /* The canonical record is the newest READY one: latest in record order. */
         kvp__ec_rec_t *canon = NULL;
@@ -608,7 +608,7 @@ kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, i
 
 kvp_status_t kvp__ec_table_reclaim(kvp__ec_table_t *t, const char *hash, int64_t now)
 {
-    kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (!h)
         return KVP_OK;
     for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
@@ -686,14 +686,14 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
                 out = nv;
                 cap = ncap;
             }
-            char *c = kvp__ec_strdup(r->tid);
+            char *c = kvp__strdup(r->tid);
             if (!c) {
                 st = KVP_ERR_NO_MEMORY;
                 break;
             }
             st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
             if (st != KVP_OK) {
-                kvp__ec_strfree(c);
+                kvp__strfree(c);
                 break;
             }
             out[n++] = c;
@@ -743,15 +743,15 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
     return st;
 }
 
-kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__ec_sset_t *into)
+kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__strset_t *into)
 {
     kvp_status_t st = KVP_OK;
     for (size_t i = 0; i < t->unavailable.cap; i++) {
-        kvp__ec_slot_t *sl = &t->unavailable.slots[i];
+        kvp__strmap_slot_t *sl = &t->unavailable.slots[i];
         if (sl->key && st == KVP_OK)
-            st = kvp__ec_sset_add(into, sl->val, NULL);
+            st = kvp__strset_add(into, sl->val, NULL);
     }
-    kvp__ec_sset_clear(&t->unavailable);
+    kvp__strset_clear(&t->unavailable);
     return st;
 }
 
@@ -771,12 +771,12 @@ kvp_status_t kvp__ec_table_drain_orphaned(kvp__ec_table_t *t, char ***out_p, siz
             out[n++] = t->orphans[i];
             t->orphans[i] = NULL;
         }
-        kvp__ec_strfree(t->orphans[i]);
+        kvp__strfree(t->orphans[i]);
         t->orphans[i] = NULL;
     }
     size_t total = t->n_orphans;
     t->n_orphans = 0;
-    kvp__ec_sset_clear(&t->orphan_set);
+    kvp__strset_clear(&t->orphan_set);
     *out_p = out;
     *n_p = out ? total : 0; /* the array holds total slots, the first n used */
     /* Callers iterate until the first NULL; kvp__ec_strv_free(out, total). */

@@ -23,7 +23,7 @@
 #ifndef KVP_EC_TABLE_H
 #define KVP_EC_TABLE_H
 
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "kvpool/ec_connector.h"
 
 /* A load spec held by a record (ECMooncakeLoadSpec). */
@@ -69,8 +69,8 @@ struct kvp__ec_hent {
 typedef struct {
     int64_t resident_capacity;
     int64_t tombstone_ttl_ms;
-    kvp__ec_map_t records; /* tid -> rec */
-    kvp__ec_map_t hashes;  /* hash -> hent */
+    kvp__strmap_t records; /* tid -> rec */
+    kvp__strmap_t hashes;  /* hash -> hent */
     kvp__ec_rec_t *head, *tail;
     kvp__ec_rec_t *dhead, *dtail;
     /* one list per state, each in record order (a record joins the tail of
@@ -78,11 +78,11 @@ typedef struct {
     kvp__ec_rec_t *shead[KVP_EC_NUM_STATES], *stail[KVP_EC_NUM_STATES];
     size_t n_terminal;
     __int128 resident_bytes;
-    kvp__ec_sset_t unavailable;
+    kvp__strset_t unavailable;
     /* ids retired to EXPIRED outside expire(), for drain_orphaned() */
     char **orphans;
     size_t n_orphans, cap_orphans;
-    kvp__ec_sset_t orphan_set;
+    kvp__strset_t orphan_set;
     uint64_t version;
     uint64_t next_seq;
 } kvp__ec_table_t;
@@ -133,7 +133,7 @@ kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t n
  * cap.  *out_p freed with kvp__ec_strv_free. */
 kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t terminal_limit, char ***out_p, size_t *n_p);
 /* Moves the unavailable request set into *out (sorted). */
-kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__ec_sset_t *into);
+kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__strset_t *into);
 /* The ids release_ready / reclaim / eviction retired to EXPIRED since the
  * last call that are still present and EXPIRED, in that order.  *out_p has
  * *n_p slots: the ids first, then NULLs; free with kvp__ec_strv_free. */

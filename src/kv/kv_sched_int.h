@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "kv/kv_blocks.h"
-#include "kv/kv_idmap.h"
+#include "common/strmap.h"
 #include "kvpool/kv_connector.h"
 
 /* RequestTracker (§2.5).  blocks NULL = `()`, token_ids NULL = None/empty. */
@@ -97,7 +97,7 @@ struct kvp_kv_sched {
     char *model_name, *cache_prefix;
     kvp_kv_lookup_client_t client;
     int64_t align; /* hash_block_size with partial hits, else block_size */
-    kvp__kv_idmap_t map;
+    kvp__strmap_t map;
     kvp__kv_rec_t *unf_head, *unf_tail;
     size_t num_unf;
     kvp__kv_rec_t **uids;

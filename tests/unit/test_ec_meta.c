@@ -4,10 +4,10 @@
 
 #include "common/alloc.h"
 #include "ec/ec_json.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "kvpool/ec_connector.h"
 
-static char *S(const char *s) { return kvp__ec_strdup(s); }
+static char *S(const char *s) { return kvp__strdup(s); }
 
 static int64_t *shape2(int64_t a, int64_t b)
 {
@@ -274,13 +274,13 @@ TEST(test_ec_json_python_conversions)
     char *s;
     ASSERT_OK(kvp__ec_py_str(&a[10], &s));
     ASSERT_STR_EQ(s, "[1, 'a', None]");
-    kvp__ec_strfree(s);
+    kvp__strfree(s);
     ASSERT_OK(kvp__ec_py_str(&a[11], &s));
     ASSERT_STR_EQ(s, "{'k': \"it's\"}");
-    kvp__ec_strfree(s);
+    kvp__strfree(s);
     ASSERT_OK(kvp__ec_py_str(&a[0], &s));
     ASSERT_STR_EQ(s, "True");
-    kvp__ec_strfree(s);
+    kvp__strfree(s);
     kvp_ec_value_free(v);
     ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
 }

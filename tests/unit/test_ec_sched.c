@@ -229,8 +229,8 @@ TEST(test_ec_s37_cancel_unknown_id_tombstone_and_remote_cancel)
     kvp__ec_sdiscover_t *d = kvp__calloc(1, sizeof *d);
     d->n = 2;
     d->addrs = kvp__calloc(2, sizeof *d->addrs);
-    d->addrs[0] = kvp__ec_strdup("tcp://10.0.0.2:5500");
-    d->addrs[1] = kvp__ec_strdup("tcp://10.0.0.2:5501");
+    d->addrs[0] = kvp__strdup("tcp://10.0.0.2:5500");
+    d->addrs[1] = kvp__strdup("tcp://10.0.0.2:5501");
     kvp__ec_sreply_t *r = kvp__calloc(3, sizeof *r);
     r[0].kind = KVP__EC_REPLY_TIMEOUT;
     r[1].kind = KVP__EC_REPLY_OK;

@@ -10,9 +10,9 @@
 static kvp__ec_spec_t *mkspec(const char *tid, const char *hash, int64_t nbytes)
 {
     kvp__ec_spec_t *s = kvp__calloc(1, sizeof *s);
-    s->mm_hash = kvp__ec_strdup(hash);
-    s->transfer_id = kvp__ec_strdup(tid);
-    s->dtype = kvp__ec_strdup("bfloat16");
+    s->mm_hash = kvp__strdup(hash);
+    s->transfer_id = kvp__strdup(tid);
+    s->dtype = kvp__strdup("bfloat16");
     s->nbytes = nbytes;
     s->ndim = 2;
     s->shape = kvp__malloc(2 * sizeof *s->shape);
@@ -134,17 +134,17 @@ TEST(test_ec_table_waiting_to_unavailable)
     ASSERT_OK(kvp__ec_table_mark_unavailable(&t, "t1", 6000));
     ASSERT_EQ(st_of(&t, "t1"), KVP_EC_UNAVAILABLE);
     ASSERT_EQ(kvp__ec_table_get(&t, "t1")->deadline, 6000 + TTL);
-    kvp__ec_sset_t got;
-    kvp__ec_map_init(&got);
+    kvp__strset_t got;
+    kvp__strmap_init(&got);
     ASSERT_OK(kvp__ec_table_take_unavailable(&t, &got));
     ASSERT_EQ(got.n, 1);
-    ASSERT(kvp__ec_sset_has(&got, "r1"));
-    kvp__ec_sset_clear(&got);
+    ASSERT(kvp__strset_has(&got, "r1"));
+    kvp__strset_clear(&got);
     /* waiting on the tombstone again does not report r1 twice */
     wait_rec(&t, "t1", "H", 9000);
     ASSERT_OK(kvp__ec_table_take_unavailable(&t, &got));
     ASSERT_EQ(got.n, 0);
-    kvp__ec_sset_cleanup(&got);
+    kvp__strset_cleanup(&got);
     kvp__ec_table_cleanup(&t);
 }
 
