@@ -203,12 +203,12 @@ static void canon(const char *in, const char *want)
 {
     kvp_ec_value_t *v;
     ASSERT_OK(kvp_ec_json_parse(in, strlen(in), 32, &v));
-    kvp__ec_buf_t b;
-    kvp__ec_buf_init(&b);
-    kvp__ec_buf_value(&b, v);
-    kvp__ec_buf_put(&b, "", 1);
+    kvp__jw_t b;
+    kvp__jw_init(&b);
+    kvp__ec_value_write(&b, v);
+    kvp__jw_put(&b, "", 1);
     ASSERT_STR_EQ(b.p, want);
-    kvp__ec_buf_cleanup(&b);
+    kvp__jw_cleanup(&b);
     kvp_ec_value_free(v);
 }
 
