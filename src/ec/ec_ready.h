@@ -6,6 +6,7 @@
 #ifndef KVP_EC_READY_H
 #define KVP_EC_READY_H
 
+#include "common/list.h"
 #include "common/strmap.h"
 
 typedef struct kvp__ec_rentry {
@@ -13,12 +14,12 @@ typedef struct kvp__ec_rentry {
     size_t tid_len;
     int64_t *shards; /* distinct shard ids */
     size_t n, cap;
-    struct kvp__ec_rentry *prev, *next;
+    kvp__list_t lru; /* on kvp__ec_ready_t.lru */
 } kvp__ec_rentry_t;
 
 typedef struct {
     kvp__strmap_t map; /* tid -> entry */
-    kvp__ec_rentry_t *head, *tail; /* oldest first */
+    kvp__list_t lru;   /* the entries, oldest first */
 } kvp__ec_ready_t;
 
 void kvp__ec_ready_init(kvp__ec_ready_t *r);

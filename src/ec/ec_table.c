@@ -105,6 +105,10 @@ void kvp__ec_table_init(kvp__ec_table_t *t, int64_t resident_capacity, int64_t t
     t->tombstone_ttl_ms = tombstone_ttl_ms;
     kvp__strmap_init(&t->records);
     kvp__strmap_init(&t->hashes);
+    kvp__list_init(&t->order);
+    kvp__list_init(&t->dispatch);
+    for (int s = 0; s < KVP_EC_NUM_STATES; s++)
+        kvp__list_init(&t->states[s]);
     kvp__strmap_init(&t->unavailable);
     kvp__strmap_init(&t->orphan_set);
 }
@@ -121,12 +125,8 @@ static void rec_free(kvp__ec_rec_t *r)
 
 void kvp__ec_table_cleanup(kvp__ec_table_t *t)
 {
-    kvp__ec_rec_t *r = t->head;
-    while (r) {
-        kvp__ec_rec_t *n = r->next;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, n, &t->order, kvp__ec_rec_t, order)
         rec_free(r);
-        r = n;
-    }
     for (size_t i = 0; i < t->hashes.cap; i++) {
         if (!t->hashes.slots[i].key)
             continue;
@@ -144,85 +144,35 @@ void kvp__ec_table_cleanup(kvp__ec_table_t *t)
 
 /* ---- record-order list ---------------------------------------------------- */
 
-static void order_unlink(kvp__ec_table_t *t, kvp__ec_rec_t *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        t->head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
-        t->tail = r->prev;
-    r->prev = r->next = NULL;
-}
-
 static void order_append(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
-    r->prev = t->tail;
-    r->next = NULL;
-    if (t->tail)
-        t->tail->next = r;
-    else
-        t->head = r;
-    t->tail = r;
+    kvp__list_add_tail(&t->order, &r->order);
     r->seq = ++t->next_seq;
 }
 
-static void dispatch_unlink(kvp__ec_table_t *t, kvp__ec_rec_t *r)
-{
-    if (!r->in_dispatch)
-        return;
-    if (r->dprev)
-        r->dprev->dnext = r->dnext;
-    else
-        t->dhead = r->dnext;
-    if (r->dnext)
-        r->dnext->dprev = r->dprev;
-    else
-        t->dtail = r->dprev;
-    r->dprev = r->dnext = NULL;
-    r->in_dispatch = false;
-}
+static void dispatch_unlink(kvp__ec_rec_t *r) { kvp__list_del(&r->dlink); }
 
 static void dispatch_append(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
-    if (r->in_dispatch)
+    if (kvp__list_linked(&r->dlink))
         return; /* an OrderedDict re-assignment keeps the old position */
-    r->dprev = t->dtail;
-    r->dnext = NULL;
-    if (t->dtail)
-        t->dtail->dnext = r;
-    else
-        t->dhead = r;
-    t->dtail = r;
-    r->in_dispatch = true;
+    kvp__list_add_tail(&t->dispatch, &r->dlink);
 }
 
 /* ---- accounting shared by insert, remove and set_state ------------------- */
 
 static void state_list(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
 {
-    kvp_ec_state_t st = r->state;
-    if (sign < 0) {
-        if (r->sprev)
-            r->sprev->snext = r->snext;
-        else
-            t->shead[st] = r->snext;
-        if (r->snext)
-            r->snext->sprev = r->sprev;
-        else
-            t->stail[st] = r->sprev;
-        r->sprev = r->snext = NULL;
-    } else {
-        r->sprev = t->stail[st];
-        r->snext = NULL;
-        if (t->stail[st])
-            t->stail[st]->snext = r;
-        else
-            t->shead[st] = r;
-        t->stail[st] = r;
-    }
+    if (sign < 0)
+        kvp__list_del(&r->slink);
+    else
+        kvp__list_add_tail(&t->states[r->state], &r->slink);
+}
+
+/* The oldest record in state st, or NULL. */
+static kvp__ec_rec_t *state_first(const kvp__ec_table_t *t, kvp_ec_state_t st)
+{
+    return KVP_LIST_FIRST_ENTRY(&t->states[st], kvp__ec_rec_t, slink);
 }
 
 static void account(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
@@ -242,6 +192,10 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
     kvp__ec_rec_t *r = kvp__calloc(1, sizeof *r);
     if (!r)
         return KVP_ERR_NO_MEMORY;
+    kvp__list_init(&r->order);
+    kvp__list_init(&r->hlink);
+    kvp__list_init(&r->dlink);
+    kvp__list_init(&r->slink);
     r->tid = kvp__strdup(tid);
     r->req = kvp__strdup(req ? req : "");
     r->hash = kvp__strdup(hash ? hash : "");
@@ -259,6 +213,7 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
             h = kvp__calloc(1, sizeof *h);
             if (!h)
                 goto oom;
+            kvp__list_init(&h->recs);
             h->hash = kvp__strdup(r->hash);
             if (!h->hash || kvp__strmap_put(&t->hashes, h->hash, strlen(h->hash), h) != KVP_OK) {
                 kvp__strfree(h->hash);
@@ -278,12 +233,7 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
     }
     if (h) {
         r->hent = h;
-        r->hprev = h->tail;
-        if (h->tail)
-            h->tail->hnext = r;
-        else
-            h->head = r;
-        h->tail = r;
+        kvp__list_add_tail(&h->recs, &r->hlink);
     }
     order_append(t, r);
     account(t, r, +1);
@@ -299,19 +249,12 @@ static void remove_rec(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
     account(t, r, -1);
     kvp__strmap_del(&t->records, r->tid, r->tid_len);
-    order_unlink(t, r);
-    dispatch_unlink(t, r);
+    kvp__list_del(&r->order);
+    dispatch_unlink(r);
     kvp__ec_hent_t *h = r->hent;
     if (h) {
-        if (r->hprev)
-            r->hprev->hnext = r->hnext;
-        else
-            h->head = r->hnext;
-        if (r->hnext)
-            r->hnext->hprev = r->hprev;
-        else
-            h->tail = r->hprev;
-        if (!h->head) {
+        kvp__list_del(&r->hlink);
+        if (kvp__list_empty(&h->recs)) {
             kvp__strmap_del(&t->hashes, h->hash, strlen(h->hash));
             kvp__strfree(h->hash);
             kvp__free(h, sizeof *h);
@@ -332,7 +275,7 @@ kvp_status_t kvp__ec_table_set_state(kvp__ec_table_t *t, kvp__ec_rec_t *r, kvp_e
     }
     r->state = to;
     account(t, r, +1);
-    order_unlink(t, r);
+    kvp__list_del(&r->order);
     order_append(t, r);
     t->version++;
     return KVP_OK;
@@ -380,7 +323,7 @@ static kvp__ec_rec_t *first_for_hash(const kvp__ec_table_t *t, const char *hash,
     if (!kvp__ec_table_has_state(t, hash, states))
         return NULL;
     const kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
-    for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+    KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
         if (states & KVP__EC_S(r->state))
             return r;
     return NULL;
@@ -501,7 +444,7 @@ kvp_status_t kvp__ec_table_begin_load(kvp__ec_table_t *t, const char *hash, cons
 kvp_status_t kvp__ec_table_take_loads(kvp__ec_table_t *t, kvp__ec_rec_t ***out_p, size_t *n_p)
 {
     size_t n = 0;
-    for (kvp__ec_rec_t *r = t->dhead; r; r = r->dnext)
+    KVP_LIST_FOR_EACH_ENTRY(r, &t->dispatch, kvp__ec_rec_t, dlink)
         n += r->state == KVP_EC_LOADING;
     kvp__ec_rec_t **out = NULL;
     if (n) {
@@ -510,16 +453,11 @@ kvp_status_t kvp__ec_table_take_loads(kvp__ec_table_t *t, kvp__ec_rec_t ***out_p
             return KVP_ERR_NO_MEMORY;
     }
     size_t i = 0;
-    kvp__ec_rec_t *r = t->dhead;
-    while (r) {
-        kvp__ec_rec_t *next = r->dnext;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &t->dispatch, kvp__ec_rec_t, dlink) {
         if (r->state == KVP_EC_LOADING)
             out[i++] = r;
-        r->dprev = r->dnext = NULL;
-        r->in_dispatch = false;
-        r = next;
+        kvp__list_del(&r->dlink);
     }
-    t->dhead = t->dtail = NULL;
     *out_p = out;
     *n_p = n;
     return KVP_OK;
@@ -568,8 +506,9 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
 static kvp_status_t evict_residents(kvp__ec_table_t *t, int64_t now)
 {
     /* the oldest RESIDENT record (record order) is the head of its list */
-    while (t->resident_bytes > t->resident_capacity && t->shead[KVP_EC_RESIDENT]) {
-        kvp_status_t st = expire_orphan(t, t->shead[KVP_EC_RESIDENT], now);
+    kvp__ec_rec_t *r;
+    while (t->resident_bytes > t->resident_capacity && (r = state_first(t, KVP_EC_RESIDENT))) {
+        kvp_status_t st = expire_orphan(t, r, now);
         if (st != KVP_OK)
             return st;
     }
@@ -582,10 +521,10 @@ kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, i
     if (h && h->count[KVP_EC_READY]) {
         /* The canonical record is the newest READY one: latest in record order. */
         kvp__ec_rec_t *canon = NULL;
-        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+        KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
             if (r->state == KVP_EC_READY && (!canon || r->seq > canon->seq))
                 canon = r;
-        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
+        KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink) {
             if (r == canon || (r->state != KVP_EC_READY && r->state != KVP_EC_RESIDENT))
                 continue;
             kvp_status_t st = expire_orphan(t, r, now);
@@ -611,7 +550,7 @@ kvp_status_t kvp__ec_table_reclaim(kvp__ec_table_t *t, const char *hash, int64_t
     kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (!h)
         return KVP_OK;
-    for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink) {
         if (r->state == KVP_EC_READY) {
             kvp__ec_spec_free(r->spec); /* stays READY, does not move */
             r->spec = NULL;
@@ -659,7 +598,7 @@ kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t n
     kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_CANCELLED, now);
     if (st != KVP_OK)
         return st;
-    dispatch_unlink(t, r);
+    dispatch_unlink(r);
     *cancelled_p = true;
     return KVP_OK;
 }
@@ -672,9 +611,7 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
     /* 1. AVAILABLE records whose lease ran out -> EXPIRED, in record order
      * (the AVAILABLE list is in record order; deadlines there are not sorted,
      * since touch_available extends them). */
-    kvp__ec_rec_t *r = t->shead[KVP_EC_AVAILABLE];
-    while (r) {
-        kvp__ec_rec_t *next = r->snext;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &t->states[KVP_EC_AVAILABLE], kvp__ec_rec_t, slink) {
         if (r->has_deadline && r->deadline <= now) {
             if (n == cap) {
                 size_t ncap = cap ? cap * 2 : 8;
@@ -698,7 +635,6 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
             }
             out[n++] = c;
         }
-        r = next;
     }
     /* 2. tombstones past their deadline are removed.  A terminal list is
      * sorted by deadline (entered at the current time + one TTL), so this
@@ -706,15 +642,17 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
      * (The original walks every record; the result is the same, since
      * removal does not reorder the others.) */
     static const kvp_ec_state_t terminal[4] = {KVP_EC_UNAVAILABLE, KVP_EC_EXPIRED, KVP_EC_FAILED, KVP_EC_CANCELLED};
-    for (int k = 0; k < 4 && st == KVP_OK; k++)
-        while (t->shead[terminal[k]] && t->shead[terminal[k]]->has_deadline && t->shead[terminal[k]]->deadline <= now)
-            remove_rec(t, t->shead[terminal[k]]);
+    for (int k = 0; k < 4 && st == KVP_OK; k++) {
+        kvp__ec_rec_t *r;
+        while ((r = state_first(t, terminal[k])) && r->has_deadline && r->deadline <= now)
+            remove_rec(t, r);
+    }
     /* 3. the terminal-record cap: drop the oldest tombstones (record order)
      * beyond the limit; the oldest is the lowest-sequence list head. */
     while (st == KVP_OK && terminal_limit >= 0 && (int64_t)t->n_terminal > terminal_limit) {
         kvp__ec_rec_t *oldest = NULL;
         for (int k = 0; k < 4; k++) {
-            kvp__ec_rec_t *h = t->shead[terminal[k]];
+            kvp__ec_rec_t *h = state_first(t, terminal[k]);
             if (h && (!oldest || h->seq < oldest->seq))
                 oldest = h;
         }

@@ -23,6 +23,7 @@
 #ifndef KVP_EC_TABLE_H
 #define KVP_EC_TABLE_H
 
+#include "common/list.h"
 #include "common/strmap.h"
 #include "kvpool/ec_connector.h"
 
@@ -51,18 +52,17 @@ typedef struct kvp__ec_rec {
     int64_t deadline;
     char **notified; /* requests told this record is unavailable */
     size_t n_notified, cap_notified;
-    uint64_t seq;                      /* position in record order (grows) */
-    struct kvp__ec_rec *prev, *next;   /* record order */
-    struct kvp__ec_rec *hprev, *hnext; /* hash-index order */
+    uint64_t seq;        /* position in record order (grows) */
+    kvp__list_t order;   /* on the table's record order */
+    kvp__list_t hlink;   /* on its hash entry's records, in hash-index order */
     kvp__ec_hent_t *hent;
-    struct kvp__ec_rec *dprev, *dnext; /* dispatch queue */
-    struct kvp__ec_rec *sprev, *snext; /* per-state list, in record order */
-    bool in_dispatch;
+    kvp__list_t dlink;   /* on the dispatch queue, or unlinked */
+    kvp__list_t slink;   /* on its state's list, in record order */
 } kvp__ec_rec_t;
 
 struct kvp__ec_hent {
     char *hash;
-    kvp__ec_rec_t *head, *tail;
+    kvp__list_t recs; /* kvp__ec_rec_t.hlink */
     uint32_t count[KVP_EC_NUM_STATES];
 };
 
@@ -71,11 +71,11 @@ typedef struct {
     int64_t tombstone_ttl_ms;
     kvp__strmap_t records; /* tid -> rec */
     kvp__strmap_t hashes;  /* hash -> hent */
-    kvp__ec_rec_t *head, *tail;
-    kvp__ec_rec_t *dhead, *dtail;
+    kvp__list_t order;    /* every record (kvp__ec_rec_t.order), oldest first */
+    kvp__list_t dispatch; /* the dispatch queue (kvp__ec_rec_t.dlink) */
     /* one list per state, each in record order (a record joins the tail of
      * its new state's list when it moves to the end of the record order) */
-    kvp__ec_rec_t *shead[KVP_EC_NUM_STATES], *stail[KVP_EC_NUM_STATES];
+    kvp__list_t states[KVP_EC_NUM_STATES];
     size_t n_terminal;
     __int128 resident_bytes;
     kvp__strset_t unavailable;

@@ -78,6 +78,7 @@ static kvp__kv_rec_t *rec_get_or_add(kvp_kv_sched_t *s, const char *id)
         return NULL;
     r->hash = h;
     r->uid_idx = SIZE_MAX;
+    kvp__list_init(&r->ulink);
     r->id_len = len;
     memcpy(r->id, id, len + 1);
     if (kvp__strmap_put_h(&s->map, r->id, len, h, r) != KVP_OK) {
@@ -135,15 +136,7 @@ static void unf_remove(kvp_kv_sched_t *s, kvp__kv_rec_t *r)
 {
     if (!r->in_unf)
         return;
-    if (r->uprev)
-        r->uprev->unext = r->unext;
-    else
-        s->unf_head = r->unext;
-    if (r->unext)
-        r->unext->uprev = r->uprev;
-    else
-        s->unf_tail = r->uprev;
-    r->uprev = r->unext = NULL;
+    kvp__list_del(&r->ulink);
     kvp__kv_btuple_unref(r->ublocks);
     r->ublocks = NULL;
     r->req = NULL;
@@ -210,6 +203,7 @@ kvp_status_t kvp_kv_sched_create(const kvp_kv_config_t *cfg, kvp_kv_lookup_clien
     s->client = client;
     s->align = cfg->partial_hits ? cfg->hash_block_size : cfg->block_size;
     kvp__strmap_init(&s->map);
+    kvp__list_init(&s->unf);
     *sched_p = s;
     return KVP_OK;
 }
@@ -313,13 +307,7 @@ kvp_status_t kvp_kv_sched_update_state_after_alloc(kvp_kv_sched_t *s, const kvp_
         kvp__kv_btuple_unref(r->ublocks); /* keeps its place in the dict */
     } else {
         r->in_unf = true;
-        r->uprev = s->unf_tail;
-        r->unext = NULL;
-        if (s->unf_tail)
-            s->unf_tail->unext = r;
-        else
-            s->unf_head = r;
-        s->unf_tail = r;
+        kvp__list_add_tail(&s->unf, &r->ulink);
         s->num_unf++;
     }
     r->req = req;
@@ -522,7 +510,7 @@ static kvp_status_t k13_deferred_loads(kvp_kv_sched_t *s, const kvp_kv_sched_out
         if (r)
             r->seen_stamp = stamp;
     }
-    for (kvp__kv_rec_t *r = s->unf_head; r; r = r->unext) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &s->unf, kvp__kv_rec_t, ulink) {
         if (r->seen_stamp == stamp || !r->has_ls)
             continue;
         bool had;

@@ -588,7 +588,7 @@ TEST(test_ec_sched_randomized_no_revival)
             ASSERT_EQ(after->state, KVP_EC_CANCELLED);
         }
         size_t n = 0;
-        for (kvp__ec_rec_t *r = t->head; r; r = r->next)
+        KVP_LIST_FOR_EACH_ENTRY(r, &t->order, kvp__ec_rec_t, order)
             n++;
         ASSERT_EQ(n, t->records.n);
     }

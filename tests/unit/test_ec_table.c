@@ -182,7 +182,7 @@ TEST(test_ec_table_available_touch_keeps_order)
     observe(&t, "t2", "H2", 64, 1000, true);
     kvp__ec_table_touch_available(&t, "t1", 5000);
     ASSERT_EQ(kvp__ec_table_get(&t, "t1")->deadline, 5000);
-    ASSERT_STR_EQ(t.head->tid, "t1"); /* not a transition: no move */
+    ASSERT_STR_EQ(KVP_LIST_FIRST_ENTRY(&t.order, kvp__ec_rec_t, order)->tid, "t1"); /* not a transition: no move */
     kvp__ec_table_cleanup(&t);
 }
 
@@ -430,15 +430,16 @@ static void check_invariants(kvp__ec_table_t *t)
 {
     size_t n = 0, term = 0;
     __int128 res = 0;
-    for (kvp__ec_rec_t *r = t->head; r; r = r->next) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &t->order, kvp__ec_rec_t, order) {
         n++;
         ASSERT((unsigned)r->state < KVP_EC_NUM_STATES); /* exactly one state */
         term += kvp__ec_state_terminal(r->state);
         if (r->state == KVP_EC_RESIDENT && r->spec)
             res += r->spec->nbytes;
         ASSERT(kvp__ec_table_get(t, r->tid) == r);
-        if (r->next)
-            ASSERT_LT(r->seq, r->next->seq);
+        const kvp__ec_rec_t *next = KVP_LIST_NEXT_ENTRY(r, &t->order, kvp__ec_rec_t, order);
+        if (next)
+            ASSERT_LT(r->seq, next->seq);
         if (r->hash[0]) {
             ASSERT(r->hent != NULL);
             ASSERT_GT(r->hent->count[r->state], 0);
@@ -453,7 +454,7 @@ static void check_invariants(kvp__ec_table_t *t)
             continue;
         kvp__ec_hent_t *h = t->hashes.slots[i].val;
         size_t m = 0, c = 0;
-        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+        KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
             m++;
         for (int s = 0; s < KVP_EC_NUM_STATES; s++)
             c += h->count[s];
