@@ -22,6 +22,7 @@
 
 #include "commands.h"
 #include "common/alloc.h"
+#include "common/arena.h"
 #include "common/log.h"
 #include "common/strmap.h"
 #include "common/json.h"
@@ -40,60 +41,27 @@ typedef kvp__jw_t obuf_t;
 /* A JSON string as Python's json.dumps (ensure_ascii) writes it. */
 static void ob_jstr(obuf_t *o, const char *s) { kvp__jw_str(o, s, strlen(s)); }
 
-/* ---- per-event scratch arena -------------------------------------------- */
-
-typedef struct scratch_chunk {
-    struct scratch_chunk *next;
-    size_t size, used;
-    _Alignas(16) unsigned char data[];
-} scratch_chunk_t;
+/* ---- per-event scratch arena (common/arena.h) ------------------------- */
 
 typedef struct {
-    scratch_chunk_t *head;
+    kvp__arena_t arena;
     int oom;
 } scratch_t;
 
 static void *sc_alloc(scratch_t *a, size_t n)
 {
-    n = (n + 15) & ~(size_t)15;
-    if (n == 0)
-        n = 16;
-    scratch_chunk_t *c = a->head;
-    if (!c || c->size - c->used < n) {
-        size_t sz = n > (1u << 16) ? n : (1u << 16);
-        scratch_chunk_t *nc = malloc(sizeof *nc + sz);
-        if (!nc) {
-            a->oom = 1;
-            return NULL;
-        }
-        nc->size = sz;
-        nc->used = 0;
-        nc->next = c;
-        a->head = nc;
-        c = nc;
-    }
-    void *r = c->data + c->used;
-    c->used += n;
-    return r;
+    void *p = kvp__arena_alloc(&a->arena, n);
+    if (!p)
+        a->oom = 1;
+    return p;
 }
 
 static void sc_reset(scratch_t *a, bool all)
 {
-    scratch_chunk_t *c = a->head;
-    if (!c)
-        return;
-    scratch_chunk_t *rest = c->next;
-    c->next = NULL;
-    c->used = 0;
-    while (rest) {
-        scratch_chunk_t *n = rest->next;
-        free(rest);
-        rest = n;
-    }
-    if (all) {
-        free(c);
-        a->head = NULL;
-    }
+    if (all)
+        kvp__arena_cleanup(&a->arena);
+    else
+        kvp__arena_reset(&a->arena);
     a->oom = 0;
 }
 

@@ -5,37 +5,19 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/arena.h"
 #include "common/utf8.h"
-
-/* Arena chunks grow geometrically from CHUNK_FIRST, so a small document
- * (an EC event) costs one small block and a long replay settles on one. */
-#define CHUNK_FIRST (4u << 10)
-#define CHUNK_MAX_STEP (1u << 20)
-
-struct kvp__json_chunk {
-    kvp__json_chunk_t *next;
-    size_t size, used;
-    _Alignas(16) unsigned char data[];
-};
 
 void kvp__json_parser_init(kvp__json_parser_t *p)
 {
     memset(p, 0, sizeof *p);
+    kvp__arena_init(&p->arena);
     p->max_depth = 128;
-}
-
-static void free_chunks(kvp__json_chunk_t *c)
-{
-    while (c) {
-        kvp__json_chunk_t *n = c->next;
-        kvp__free(c, sizeof *c + c->size);
-        c = n;
-    }
 }
 
 void kvp__json_parser_cleanup(kvp__json_parser_t *p)
 {
-    free_chunks(p->chunks);
+    kvp__arena_cleanup(&p->arena);
     if (p->stack)
         kvp__free(p->stack, p->stack_cap * sizeof *p->stack);
     if (p->sbuf)
@@ -43,49 +25,7 @@ void kvp__json_parser_cleanup(kvp__json_parser_t *p)
     memset(p, 0, sizeof *p);
 }
 
-static void *arena_alloc(kvp__json_parser_t *p, size_t n)
-{
-    n = (n + 15) & ~(size_t)15;
-    kvp__json_chunk_t *c = p->chunks;
-    if (!c || c->size - c->used < n) {
-        size_t sz = !c ? CHUNK_FIRST : c->size < CHUNK_MAX_STEP ? c->size * 2 : CHUNK_MAX_STEP;
-        if (sz < n)
-            sz = n;
-        kvp__json_chunk_t *nc = kvp__malloc(sizeof *nc + sz);
-        if (!nc)
-            return NULL;
-        nc->size = sz;
-        nc->used = 0;
-        nc->next = c;
-        p->chunks = nc;
-        c = nc;
-    }
-    void *r = c->data + c->used;
-    c->used += n;
-    return r;
-}
-
-/* Keeps the largest chunk only, emptied. */
-static void arena_reset(kvp__json_parser_t *p)
-{
-    kvp__json_chunk_t *best = NULL, *c = p->chunks;
-    while (c) {
-        kvp__json_chunk_t *n = c->next;
-        if (!best || c->size > best->size) {
-            if (best)
-                kvp__free(best, sizeof *best + best->size);
-            best = c;
-        } else {
-            kvp__free(c, sizeof *c + c->size);
-        }
-        c = n;
-    }
-    if (best) {
-        best->next = NULL;
-        best->used = 0;
-    }
-    p->chunks = best;
-}
+static void *arena_alloc(kvp__json_parser_t *p, size_t n) { return kvp__arena_alloc(&p->arena, n); }
 
 typedef struct {
     kvp__json_parser_t *p;
@@ -468,7 +408,7 @@ static int parse_value(cur_t *c, kvp__json_t *v, unsigned depth)
 kvp_status_t kvp__json_parse(kvp__json_parser_t *p, const char *text, size_t len,
                              const kvp__json_t **root_p)
 {
-    arena_reset(p);
+    kvp__arena_reset(&p->arena);
     p->nstack = 0;
     cur_t c = {p, text, text + len, 0};
     kvp__json_t *root = arena_alloc(p, sizeof *root);

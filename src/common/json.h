@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/arena.h"
 #include "kvpool/status.h"
 
 typedef enum kvp__json_type {
@@ -53,10 +54,8 @@ typedef struct kvp__json {
     } u;
 } kvp__json_t;
 
-typedef struct kvp__json_chunk kvp__json_chunk_t;
-
 typedef struct kvp__json_parser {
-    kvp__json_chunk_t *chunks;
+    kvp__arena_t arena; /* the nodes and strings of the last document */
     kvp__json_t *stack;
     size_t nstack, stack_cap;
     char *sbuf;

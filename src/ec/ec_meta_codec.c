@@ -51,6 +51,26 @@ static void pk_shape(kvp__mpw_t *w, const int64_t *shape, size_t n)
         kvp__mpw_int_small(w, shape[i]);
 }
 
+/* [mm_hash, nbytes, shape, dtype, ...]: the head that pushes and loads share. */
+static void pk_tensor_head(kvp__mpw_t *w, uint32_t fields, const char *mm_hash, int64_t nbytes, const int64_t *shape,
+                           size_t ndim, const char *dtype)
+{
+    kvp__mpw_array(w, fields);
+    pk_str(w, mm_hash);
+    kvp__mpw_int_small(w, nbytes);
+    pk_shape(w, shape, ndim);
+    pk_str(w, dtype);
+}
+
+/* A fresh writer holding the head [version, kind, ...] of a `fields` array. */
+static void pk_begin(kvp__mpw_t *w, uint32_t fields, unsigned kind)
+{
+    kvp__mpw_init(w, NULL, 0);
+    kvp__mpw_array(w, fields);
+    kvp__mpw_uint(w, CODEC_VERSION);
+    kvp__mpw_uint(w, kind);
+}
+
 static kvp_status_t finish(kvp__mpw_t *w, uint8_t **buf_p, size_t *len_p)
 {
     return kvp__mpw_finish(w, buf_p, len_p) == 0 ? KVP_OK : KVP_ERR_NO_MEMORY;
@@ -69,12 +89,8 @@ kvp_status_t kvp_ec_meta_encode(const kvp_ec_meta_t *m, uint8_t **buf_p, size_t 
     if (m->n_store_candidates > MAX_COUNT || m->n_pushes > MAX_COUNT || m->n_loads > MAX_COUNT ||
         m->n_freed > MAX_COUNT)
         return KVP_ERR_INVALID_ARG;
-    kvp__mpw_t out;
-    kvp__mpw_t *pk = &out;
-    kvp__mpw_init(pk, NULL, 0);
-    kvp__mpw_array(pk, 6);
-    kvp__mpw_uint(pk, CODEC_VERSION);
-    kvp__mpw_uint(pk, KIND_META);
+    kvp__mpw_t out, *pk = &out;
+    pk_begin(pk, 6, KIND_META);
     pk_strv(pk, m->freed, m->n_freed);
     kvp__mpw_array(pk, (uint32_t)m->n_store_candidates);
     for (size_t i = 0; i < m->n_store_candidates; i++) {
@@ -88,11 +104,7 @@ kvp_status_t kvp_ec_meta_encode(const kvp_ec_meta_t *m, uint8_t **buf_p, size_t 
     kvp__mpw_array(pk, (uint32_t)m->n_pushes);
     for (size_t i = 0; i < m->n_pushes; i++) {
         const kvp_ec_push_spec_t *p = &m->pushes[i];
-        kvp__mpw_array(pk, 7);
-        pk_str(pk, p->mm_hash);
-        kvp__mpw_int_small(pk, p->nbytes);
-        pk_shape(pk, p->shape, p->ndim);
-        pk_str(pk, p->dtype);
+        pk_tensor_head(pk, 7, p->mm_hash, p->nbytes, p->shape, p->ndim, p->dtype);
         pk_str(pk, p->consumer_zmq);
         pk_str(pk, p->transfer_id);
         pk_str(pk, p->request_id);
@@ -100,11 +112,7 @@ kvp_status_t kvp_ec_meta_encode(const kvp_ec_meta_t *m, uint8_t **buf_p, size_t 
     kvp__mpw_array(pk, (uint32_t)m->n_loads);
     for (size_t i = 0; i < m->n_loads; i++) {
         const kvp_ec_load_spec_t *l = &m->loads[i];
-        kvp__mpw_array(pk, 7);
-        pk_str(pk, l->mm_hash);
-        kvp__mpw_int_small(pk, l->nbytes);
-        pk_shape(pk, l->shape, l->ndim);
-        pk_str(pk, l->dtype);
+        pk_tensor_head(pk, 7, l->mm_hash, l->nbytes, l->shape, l->ndim, l->dtype);
         pk_str(pk, l->transfer_id);
         kvp__mpw_int_small(pk, l->num_token);
         kvp__mpw_bool(pk, l->local);
@@ -119,12 +127,8 @@ kvp_status_t kvp_ec_worker_meta_encode(const kvp_ec_worker_meta_t *w, uint8_t **
     if (w->n_loaded > MAX_COUNT || w->n_failed_loads > MAX_COUNT || w->n_reclaimed > MAX_COUNT ||
         w->n_failed_saves > MAX_COUNT)
         return KVP_ERR_INVALID_ARG;
-    kvp__mpw_t out;
-    kvp__mpw_t *pk = &out;
-    kvp__mpw_init(pk, NULL, 0);
-    kvp__mpw_array(pk, 8);
-    kvp__mpw_uint(pk, CODEC_VERSION);
-    kvp__mpw_uint(pk, KIND_WORKER);
+    kvp__mpw_t out, *pk = &out;
+    pk_begin(pk, 8, KIND_WORKER);
     pk_strv(pk, w->loaded, w->n_loaded);
     pk_strv(pk, w->failed_loads, w->n_failed_loads);
     pk_strv(pk, w->reclaimed, w->n_reclaimed);

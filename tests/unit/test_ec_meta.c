@@ -1,5 +1,6 @@
 /* EC metadata msgpack codec (round trips, every truncation and random
  * corruption rejected cleanly) and the strict JSON parser of events. */
+#include "golden.h"
 #include "test.h"
 
 #include "common/alloc.h"
@@ -285,24 +286,6 @@ TEST(test_ec_json_python_conversions)
     ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
 }
 
-typedef struct {
-    uint8_t b[2048];
-    size_t n;
-} gold_t;
-
-static void g_bytes(gold_t *g, const uint8_t *p, size_t n)
-{
-    memcpy(g->b + g->n, p, n);
-    g->n += n;
-}
-#define G(g, ...) g_bytes((g), (const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__}))
-
-static void g_fill(gold_t *g, int c, size_t n)
-{
-    memset(g->b + g->n, c, n);
-    g->n += n;
-}
-
 static void check_encoding(kvp_status_t (*enc)(const void *, uint8_t **, size_t *), const void *m, const gold_t *g)
 {
     uint8_t *buf;
@@ -322,25 +305,16 @@ TEST(test_ec_meta_encoding_is_byte_exact_msgpack)
 {
     static int64_t sh1[] = {0, 127, 128, 255, 256, 65535, 65536, 4294967295LL, 4294967296LL, INT64_MAX};
     static int64_t sh2[] = {-1, -32, -33, -128, -129, -32768, -32769, -2147483648LL, -2147483649LL, INT64_MIN};
-    static char s31[32], s32[33], s255[256], s256[257];
-    memset(s31, 'a', 31);
-    memset(s32, 'b', 32);
-    memset(s255, 'c', 255);
-    memset(s256, 'd', 256);
-    char *freed[] = {s31, s32, s255, s256};
+    const char *strs[4];
+    golden_strs(strs);
+    char *freed[] = {(char *)strs[0], (char *)strs[1], (char *)strs[2], (char *)strs[3]};
     kvp_ec_store_candidate_t cand = {"i", {sh1, 10, "", -129}};
     kvp_ec_push_spec_t push = {"h", 200, sh2, 10, "bf16", "tcp://x", "t", "r"};
     kvp_ec_load_spec_t load = {"h", 65536, NULL, 0, "d", "t", -32769, true};
     kvp_ec_meta_t m = {freed, 4, &cand, 1, &push, 1, &load, 1};
     gold_t g = {.n = 0};
-    G(&g, 0x96, 0x01, 0x01, 0x94, 0xbf);
-    g_fill(&g, 'a', 31);
-    G(&g, 0xd9, 0x20);
-    g_fill(&g, 'b', 32);
-    G(&g, 0xd9, 0xff);
-    g_fill(&g, 'c', 255);
-    G(&g, 0xda, 0x01, 0x00);
-    g_fill(&g, 'd', 256);
+    G(&g, 0x96, 0x01, 0x01, 0x94);
+    g_golden_strs(&g);
     G(&g, 0x91, 0x94, 0xa1, 'i', 0x9a, 0x00, 0x7f, 0xcc, 0x80, 0xcc, 0xff, 0xcd, 0x01, 0x00, 0xcd, 0xff, 0xff,
       0xce, 0x00, 0x01, 0x00, 0x00, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcf, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
       0x00, 0xcf, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xa0, 0xd1, 0xff, 0x7f);
@@ -352,7 +326,7 @@ TEST(test_ec_meta_encoding_is_byte_exact_msgpack)
       0xff, 0xc3);
     check_encoding(enc_meta, &m, &g);
 
-    char *loaded[] = {"a"}, *recl[] = {s32}, *fsaves[] = {"z"};
+    char *loaded[] = {"a"}, *recl[] = {(char *)strs[1]}, *fsaves[] = {"z"};
     kvp_ec_worker_meta_t w = {loaded, 1, NULL, 0, recl, 1, true, false, fsaves, 1};
     g.n = 0;
     G(&g, 0x98, 0x01, 0x02, 0x91, 0xa1, 'a', 0x90, 0x91, 0xd9, 0x20);

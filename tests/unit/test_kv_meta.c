@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "kvpool/kv_connector.h"
+#include "golden.h"
 #include "test.h"
 
 static const int64_t g_ids0[] = {12, 40, 41};
@@ -245,25 +246,6 @@ TEST(test_meta_decode_random_mutations_fuzz)
     kvp_kv_meta_buf_free(buf, len);
 }
 
-/* A growable expected-bytes builder for the golden checks below. */
-typedef struct {
-    uint8_t b[2048];
-    size_t n;
-} gold_t;
-
-static void g_bytes(gold_t *g, const uint8_t *p, size_t n)
-{
-    memcpy(g->b + g->n, p, n);
-    g->n += n;
-}
-#define G(g, ...) g_bytes((g), (const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__}))
-
-static void g_fill(gold_t *g, int c, size_t n)
-{
-    memset(g->b + g->n, c, n);
-    g->n += n;
-}
-
 /* The encoding is msgpack's smallest form for every integer, string and bin
  * head, byte for byte what libmsgpack-c and Python's msgpack.packb write
  * (the workers' decoders and the Python references depend on it). */
@@ -272,15 +254,11 @@ TEST(test_meta_encoding_is_byte_exact_msgpack)
     static const int64_t ints[] = {0, 127, 128, 255, 256, 65535, 65536, 4294967295LL, 4294967296LL, -1, -32,
                                    -33, -128, -129, -32768, -32769, -2147483648LL, -2147483649LL, INT64_MIN,
                                    INT64_MAX};
-    static char s31[32], s32[33], s255[256], s256[257];
-    memset(s31, 'a', 31);
-    memset(s32, 'b', 32);
-    memset(s255, 'c', 255);
-    memset(s256, 'd', 256);
     static uint8_t hashes[260];
     for (size_t i = 0; i < sizeof hashes; i++)
         hashes[i] = (uint8_t)i;
-    const char *unf[] = {s31, s32, s255, s256};
+    const char *unf[4];
+    golden_strs(unf);
     kvp_kv_ids_t grp = {ints, sizeof ints / sizeof ints[0]};
     kvp_kv_req_meta_t rm;
     memset(&rm, 0, sizeof rm);
@@ -296,14 +274,7 @@ TEST(test_meta_encoding_is_byte_exact_msgpack)
 
     gold_t g = {.n = 0};
     G(&g, 0x94, 0x01, 0x94);
-    G(&g, 0xbf);
-    g_fill(&g, 'a', 31);
-    G(&g, 0xd9, 0x20);
-    g_fill(&g, 'b', 32);
-    G(&g, 0xd9, 0xff);
-    g_fill(&g, 'c', 255);
-    G(&g, 0xda, 0x01, 0x00);
-    g_fill(&g, 'd', 256);
+    g_golden_strs(&g);
     G(&g, 0x90, 0x91, 0x9c, 0xa1, 'r', 0xd0, 0xdf, 0x91, 0xdc, 0x00, 0x14);
     G(&g, 0x00, 0x7f, 0xcc, 0x80, 0xcc, 0xff, 0xcd, 0x01, 0x00, 0xcd, 0xff, 0xff, 0xce, 0x00, 0x01, 0x00, 0x00,
       0xce, 0xff, 0xff, 0xff, 0xff, 0xcf, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00);
