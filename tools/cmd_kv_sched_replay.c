@@ -11,8 +11,9 @@
  * a BadEvent changes no state, exactly as ref.py does.
  *
  * Known divergences from ref.py, for inputs gen.py never produces: integers
- * outside int64 and request ids containing U+0000 are BadEvent here; lines
- * are split on '\n' only.
+ * outside int64 and request ids containing U+0000 are BadEvent here, and so
+ * is a line that is not UTF-8 (ref.py cannot read it); lines are split on
+ * '\n' only.
  */
 #include <stdbool.h>
 #include <stdint.h>
