@@ -89,6 +89,17 @@ void *kvp__grow(void *arr, size_t *cap_p, size_t need, size_t elem, size_t first
     return p;
 }
 
+int kvp__grow_in(void **arr_p, size_t *cap_p, size_t need, size_t elem, size_t first)
+{
+    if (!need)
+        return 0; /* (nothing to make room for: a NULL array stays NULL) */
+    void *p = kvp__grow(*arr_p, cap_p, need, elem, first);
+    if (!p)
+        return -1;
+    *arr_p = p;
+    return 0;
+}
+
 char *kvp__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -117,6 +117,15 @@ TEST(test_alloc_grow_doubles_zeroes_and_keeps_on_failure)
     ASSERT_EQ(cap, 128);
     kvp__free(a, cap * sizeof *a);
     ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
+    int *c = NULL; /* in place; room for nothing is always there */
+    size_t ccap = 0;
+    ASSERT_EQ(kvp__grow_in((void **)&c, &ccap, 0, sizeof *c, 16), 0);
+    ASSERT(c == NULL);
+    ASSERT_EQ(kvp__grow_in((void **)&c, &ccap, 3, sizeof *c, 16), 0);
+    ASSERT(c != NULL);
+    ASSERT_EQ(ccap, 16);
+    kvp__free(c, ccap * sizeof *c);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
 }
 
 TEST_LIST(T(test_status_every_code_has_name_and_message), T(test_parse_size_units),
