@@ -22,13 +22,12 @@
 #include <stdint.h>
 
 #include "kvpool/status.h"
+#include "net/wire_reply.h"
 
-/* What the server's HELLO says about its arena (net/wire.h). */
-typedef struct kvp__arena_info {
-    uint64_t pid, fd, size, dev, ino;
-    int populated; /* its pages are all allocated: mapping them in ahead is free of side effects */
-    uint64_t tfd, tsize, tdev, tino; /* the lease table (net/wire.h) */
-} kvp__arena_info_t;
+/* What the server's HELLO says about its arena and lease table
+ * (net/wire_reply.h; populated: its pages are all allocated, so mapping them
+ * in ahead is free of side effects). */
+typedef kvp__wire_arena_t kvp__arena_info_t;
 
 typedef struct kvp__lmap kvp__lmap_t;
 

@@ -419,7 +419,7 @@ static void remote_close(void *impl)
     pthread_mutex_destroy(&r->rx_mu);
     pthread_rwlock_destroy(&r->wlock);
     pthread_cond_destroy(&r->cv);
-    kvp__free(r->rx_buf, r->rx_cap);
+    kvp__lane_rx_free(&r->rx);
     kvp__free(r->rx_sink, LANE_SINK);
     kvp__lmap_put(r->lmap);
     if (r->token)
@@ -483,12 +483,11 @@ kvp_status_t kvp__remote_open(const char *host, uint16_t port, const kvp__remote
     r->local_reads = o->local_reads;
     r->lmap_gen = -1;
     r->rx_gen = -1;
-    r->rx_buf = kvp__malloc(LANE_RX_START);
-    r->rx_cap = LANE_RX_START;
     r->rx_sink = kvp__malloc(LANE_SINK);
+    int rx_ok = r->rx_sink && kvp__lane_rx_init(&r->rx, LANE_RX_START, r->rx_sink, LANE_SINK) == 0;
     r->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     r->epfd = epoll_create1(EPOLL_CLOEXEC);
-    kvp_status_t st = r->rx_buf && r->rx_sink ? kvp__ucx_client_open(&r->ctx, &r->worker) : KVP_ERR_NO_MEMORY;
+    kvp_status_t st = rx_ok ? kvp__ucx_client_open(&r->ctx, &r->worker) : KVP_ERR_NO_MEMORY;
     if (st != KVP_OK)
         goto err;
     int shm, rdma;
@@ -521,7 +520,7 @@ err_ucx:
 err:
     close(r->wake_fd);
     close(r->epfd);
-    kvp__free(r->rx_buf, r->rx_cap);
+    kvp__lane_rx_free(&r->rx);
     kvp__free(r->rx_sink, LANE_SINK);
     if (r->token)
         kvp__free(r->token, strlen(r->token) + 1);

@@ -310,9 +310,9 @@ static kvp_status_t connect_locked(remote_t *r)
     pending_t *p = NULL;
     kvp_status_t s = kvp__remote_run_request(r, KVP_WOP_HELLO, key, NULL, &p);
     if (s == KVP_OK)
-        r->max_value = p->hello_max_value;
-    if (s == KVP_OK && !lane && r->local_reads && p->hello_has_arena)
-        kvp__lread_setup(r, my_gen, key, &p->hello_arena);
+        r->max_value = p->hello.max_value;
+    if (s == KVP_OK && !lane && r->local_reads && p->hello.has_arena)
+        kvp__lread_setup(r, my_gen, key, &p->hello.arena);
     if (p)
         kvp__remote_pending_free(p);
     if (s != KVP_OK) {

@@ -44,8 +44,10 @@
 #include "client/remote.h"
 #include "common/mp.h"
 #include "kvpool/pool.h"
+#include "net/lane.h"
 #include "net/ucx.h"
 #include "net/wire.h"
+#include "net/wire_reply.h"
 
 #define KVP_REMOTE_NBUCKETS 256
 
@@ -116,9 +118,7 @@ typedef struct pending {
     uint32_t niov;
     /* internal ops */
     kvp_pool_stats_t *stats_out;
-    uint64_t hello_max_value;
-    kvp__arena_info_t hello_arena;
-    int hello_has_arena;
+    kvp__wire_hello_t hello;
     /* GET_LOCAL */
     kvp__lmap_t *lmap;            /* the mapping its offsets are in (a reference) */
     kvp__cpseg_t *segs;           /* what to copy */
@@ -175,7 +175,6 @@ typedef struct cbarg {
 
 #define LANE_RX_START 4096u
 #define LANE_SINK 65536u
-#define LANE_IOV_MAX 64
 /* A get with less capacity than this goes over UCX even when local reads
  * are possible: below it UCX's eager messages come within 2 us, and the server
  * holds no leases for the client (docs/transport.md §9). */
@@ -229,15 +228,9 @@ typedef struct remote {
     pthread_mutex_t tx_mu;         /* one frame written at a time; held while the socket closes */
     pthread_mutex_t rx_mu;         /* one reader at a time; held while the socket closes */
     int rx_gen;                    /* the connection the receive state below belongs to */
-    uint8_t *rx_buf;               /* frame head + reply header */
-    size_t rx_cap, rx_len;
-    uint32_t rx_hdr_len;
-    int rx_data;                   /* reading a reply's values */
-    uint64_t rx_left;              /* their bytes still to come */
-    pending_t *rx_p;               /* whose values (NULL: dropped into rx_sink) */
-    uint32_t rx_i;
-    size_t rx_off;
-    char *rx_sink;
+    kvp__lane_rx_t rx;             /* the reply frame being read (under rx_mu) */
+    pending_t *rx_p;               /* whose values it reads, into p->iov (NULL: into rx_sink) */
+    char *rx_sink;                 /* LANE_SINK bytes: values nobody waits for */
     uint64_t max_value;
     /* local reads */
     int local_reads;               /* URI option: 1 auto, 0 off */

@@ -1,20 +1,15 @@
 /*
- * The client side of kvpool's TCP transport (net/lane.h; remote.c's
- * opening comment): requests written whole under tx_mu, a put's values
- * straight from the caller's buffers; replies read by whoever holds rx_mu,
- * a get's values straight into the caller's buffers.
+ * The client side of kvpool's TCP transport (net/lane.h's framing, its
+ * reader and writer; remote.c's opening comment): requests written whole
+ * under tx_mu, a put's values straight from the caller's buffers; replies
+ * read by whoever holds rx_mu, a get's values straight into the caller's
+ * buffers.
  */
 #include "client/remote_int.h"
 
-#include <errno.h>
 #include <poll.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 
-#include "common/alloc.h"
 #include "common/clock.h"
-#include "common/log.h"
 #include "net/lane.h"
 
 /* Has a reply's values all arrived, or its frame been handled: finish p. */
@@ -27,15 +22,12 @@ static void lane_complete(remote_t *r, pending_t *p)
 }
 
 /* A complete reply header: match it to its request; its values (if any)
- * are read next, into the caller's buffers or, for a reply nobody waits
- * for, into the sink. */
+ * are read next, into the caller's buffers (p->iov, which the reply's
+ * parse sized to exactly data_len bytes) or, for a reply nobody waits for
+ * or one that failed, into the sink. */
 static void lane_reply(remote_t *r, const uint8_t *hdr, uint32_t len, uint64_t data_len)
 {
     r->rx_p = NULL;
-    r->rx_i = 0;
-    r->rx_off = 0;
-    r->rx_left = data_len;
-    r->rx_data = data_len > 0;
     kvp__wire_reply_t rep;
     pending_t *p = kvp__remote_match_reply(r, hdr, len, &rep);
     if (!p)
@@ -44,6 +36,7 @@ static void lane_reply(remote_t *r, const uint8_t *hdr, uint32_t len, uint64_t d
     p->status = st;
     if (st == KVP_OK && data_len) {
         r->rx_p = p; /* stays in the table until its values are in */
+        kvp__lane_rx_into(&r->rx, p->iov, p->niov);
         pthread_mutex_unlock(&r->mu);
         return;
     }
@@ -52,8 +45,19 @@ static void lane_reply(remote_t *r, const uint8_t *hdr, uint32_t len, uint64_t d
     kvp__remote_fire(f);
 }
 
-/* Reads what the lane socket has (rx_mu held).  Returns nonzero if it
- * read anything. */
+/* The lane of connection gen is lost (why): retires it, unless it went
+ * already. */
+static void lane_lost(remote_t *r, int gen, const char *why)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->gen == gen)
+        kvp__remote_do_disconnect(r, why);
+    pthread_mutex_unlock(&r->mu);
+    kvp__remote_wake(r);
+}
+
+/* Reads what the lane socket has (rx_mu held), frame by frame
+ * (net/lane.h's reader).  Returns nonzero if it read anything. */
 int kvp__remote_lane_rx(remote_t *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -62,89 +66,47 @@ int kvp__remote_lane_rx(remote_t *r)
     pthread_mutex_unlock(&r->mu);
     if (fd < 0)
         return 0;
+    kvp__lane_rx_t *rx = &r->rx;
     if (r->rx_gen != gen) { /* a new connection: whatever was half-read is gone */
         r->rx_gen = gen;
-        r->rx_len = 0;
-        r->rx_data = 0;
+        kvp__lane_rx_reset(rx);
         r->rx_p = NULL;
     }
     int did = 0;
     for (;;) {
-        ssize_t k;
-        size_t want = 0;
-        if (r->rx_data) {
-            struct iovec v[LANE_IOV_MAX];
-            int n = 0;
-            pending_t *p = r->rx_p;
-            if (p) {
-                n = kvp__lane_iov_fill(v, LANE_IOV_MAX, p->iov, p->niov, r->rx_i, r->rx_off);
-            } else {
-                v[n++] = (struct iovec){r->rx_sink, r->rx_left < LANE_SINK ? (size_t)r->rx_left : LANE_SINK};
-            }
-            k = readv(fd, v, n);
-        } else {
-            want = r->rx_len < KVP_LANE_HEAD ? KVP_LANE_HEAD : KVP_LANE_HEAD + (size_t)r->rx_hdr_len;
-            k = recv(fd, r->rx_buf + r->rx_len, want - r->rx_len, MSG_DONTWAIT);
-        }
-        if (k <= 0) {
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return did;
-            pthread_mutex_lock(&r->mu);
-            if (r->gen == gen)
-                kvp__remote_do_disconnect(r, k == 0 ? "the server closed the connection" : "receive failed");
-            pthread_mutex_unlock(&r->mu);
-            kvp__remote_wake(r);
+        kvp__lane_ev_t ev = kvp__lane_rx_step(rx, fd);
+        switch (ev) {
+        case KVP_LANE_AGAIN:
+            return did;
+        case KVP_LANE_EOF:
+            lane_lost(r, gen, "the server closed the connection");
             return 1;
-        }
-        did = 1;
-        if (r->rx_data) {
-            r->rx_left -= (uint64_t)k;
-            if (r->rx_p)
-                kvp__lane_iov_advance(r->rx_p->iov, &r->rx_i, &r->rx_off, (size_t)k);
-            if (r->rx_left == 0) {
-                r->rx_data = 0;
-                pending_t *p = r->rx_p;
-                r->rx_p = NULL;
-                if (p)
-                    lane_complete(r, p);
-            }
-            continue;
-        }
-        r->rx_len += (size_t)k;
-        if (r->rx_len < want)
-            continue;
-        if (want == KVP_LANE_HEAD) {
-            uint64_t data_len;
-            const char *why = NULL;
-            if (kvp__lane_head_decode(r->rx_buf, &r->rx_hdr_len, &data_len) != 0) {
-                why = "malformed reply frame";
-            } else if (KVP_LANE_HEAD + (size_t)r->rx_hdr_len > r->rx_cap) {
-                size_t need = KVP_LANE_HEAD + (size_t)r->rx_hdr_len;
-                uint8_t *nb = kvp__malloc(need);
-                if (nb) {
-                    memcpy(nb, r->rx_buf, KVP_LANE_HEAD);
-                    kvp__free(r->rx_buf, r->rx_cap);
-                    r->rx_buf = nb;
-                    r->rx_cap = need;
-                } else {
-                    why = "out of memory for a reply header";
-                }
-            }
-            if (why) {
-                pthread_mutex_lock(&r->mu);
-                if (r->gen == gen)
-                    kvp__remote_do_disconnect(r, why);
-                pthread_mutex_unlock(&r->mu);
-                kvp__remote_wake(r);
+        case KVP_LANE_ERROR:
+            lane_lost(r, gen, "receive failed");
+            return 1;
+        case KVP_LANE_BAD:
+            lane_lost(r, gen, "malformed reply frame");
+            return 1;
+        case KVP_LANE_HEAD_IN:
+            if (kvp__lane_rx_grow(rx, KVP_LANE_HEAD + (size_t)rx->hdr_len) != 0) {
+                lane_lost(r, gen, "out of memory for a reply header");
                 return 1;
             }
-            r->rx_left = data_len;
-            continue;
+            break;
+        case KVP_LANE_PROGRESS:
+            break;
+        case KVP_LANE_FRAME:
+            lane_reply(r, kvp__lane_rx_header(rx), rx->hdr_len, rx->data_len);
+            break;
+        case KVP_LANE_DATA_IN: {
+            pending_t *p = r->rx_p;
+            r->rx_p = NULL;
+            if (p)
+                lane_complete(r, p);
+            break;
         }
-        r->rx_len = 0;
-        lane_reply(r, r->rx_buf + KVP_LANE_HEAD, r->rx_hdr_len, r->rx_left);
+        }
+        did = 1;
     }
 }
 
@@ -158,12 +120,8 @@ void kvp__remote_lane_post(remote_t *r, pending_t *p, int fd, const void *data, 
     uint32_t nsrc = iov ? (uint32_t)count : (count ? 1u : 0u);
     if (!iov)
         src = &one;
-    uint64_t data_len = 0;
-    for (uint32_t i = 0; i < nsrc; i++)
-        data_len += src[i].length;
-    uint8_t head[KVP_LANE_HEAD];
-    kvp__lane_head_encode(head, (uint32_t)p->w.len, data_len);
-    uint64_t total = KVP_LANE_HEAD + p->w.len + data_len, done = 0;
+    kvp__lane_tx_t tx;
+    kvp__lane_tx_init(&tx, p->w.buf, (uint32_t)p->w.len, src, nsrc);
     const char *why = NULL;
     int late = 0;
     pthread_mutex_lock(&r->tx_mu);
@@ -173,45 +131,25 @@ void kvp__remote_lane_post(remote_t *r, pending_t *p, int fd, const void *data, 
     pthread_mutex_lock(&r->mu);
     int stale = r->gen != p->gen || !kvp__remote_do_ready(r);
     pthread_mutex_unlock(&r->mu);
-    if (stale)
-        total = 0;
-    while (done < total) {
-        struct iovec v[LANE_IOV_MAX];
-        int n = 0;
-        uint64_t skip = done;
-        for (uint32_t i = 0; i < 2 + nsrc && n < LANE_IOV_MAX; i++) {
-            const char *b = i == 0 ? (const char *)head : i == 1 ? (const char *)p->w.buf : src[i - 2].buffer;
-            size_t l = i == 0 ? KVP_LANE_HEAD : i == 1 ? p->w.len : src[i - 2].length;
-            if (skip >= l) {
-                skip -= l;
-                continue;
-            }
-            v[n++] = (struct iovec){(void *)(b + skip), l - skip};
-            skip = 0;
+    while (!stale) {
+        int done = kvp__lane_tx_write(&tx, fd);
+        if (done > 0)
+            break;
+        if (done < 0) {
+            why = "send failed";
+            break;
         }
-        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
-        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) {
-            done += (uint64_t)k;
-            continue;
+        /* The socket is full.  The server reads requests whatever it is
+         * sending: wait. */
+        uint64_t now = kvp__now_ns();
+        if (now >= p->deadline_ns) {
+            why = "a request could not be sent in time";
+            late = 1;
+            break;
         }
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            /* The server reads requests whatever it is sending: wait. */
-            uint64_t now = kvp__now_ns();
-            if (now >= p->deadline_ns) {
-                why = "a request could not be sent in time";
-                late = 1;
-                break;
-            }
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            uint64_t ms = (p->deadline_ns - now) / 1000000ull + 1;
-            (void)poll(&pf, 1, ms > 1000 ? 1000 : (int)ms);
-            continue;
-        }
-        why = "send failed";
-        break;
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        uint64_t ms = (p->deadline_ns - now) / 1000000ull + 1;
+        (void)poll(&pf, 1, ms > 1000 ? 1000 : (int)ms);
     }
     /* p is still ours: its connection is not failed before do_sent(). */
     pthread_mutex_lock(&r->mu);
