@@ -56,6 +56,7 @@
 
 #include "client/backend.h"
 #include "common/alloc.h"
+#include "common/token.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -427,18 +428,17 @@ static void remote_close(void *impl)
     kvp__free(r, sizeof *r);
 }
 
+/* The token_file option: its first line, 1..256 bytes (common/token.h). */
 static char *read_token_file(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    char buf[300];
-    if (!f || !fgets(buf, sizeof buf, f)) {
-        if (f)
-            fclose(f);
-        kvp_error("remote: cannot read token file %s", path);
+    char buf[KVP__TOKEN_MAX + 1];
+    size_t len;
+    kvp_status_t st = kvp__token_file_read(path, buf, sizeof buf, &len);
+    if (st != KVP_OK) {
+        kvp_error("remote: token file %s: %s", path,
+                  st == KVP_ERR_IO ? "cannot be read" : "its first line must be a token of 1..256 bytes");
         return NULL;
     }
-    fclose(f);
-    buf[strcspn(buf, "\r\n")] = 0;
     return kvp__strdup(buf);
 }
 

@@ -612,6 +612,23 @@ TEST(test_server_token_required)
     p = open_ok(uri);
     ASSERT_EQ(check_pattern(p, "t", 100, 1), 1);
     kvp_pool_close(p);
+    /* a token file the server could never have been given (its first
+     * line over 256 bytes, or empty) is refused, never truncated */
+    char longtf[160], longtok[300];
+    snprintf(longtf, sizeof longtf, "%s/token-long", s.dir);
+    memset(longtok, 'x', 257);
+    longtok[257] = 0;
+    for (int empty = 0; empty < 2; empty++) {
+        FILE *f = fopen(longtf, "w");
+        ASSERT(f != NULL);
+        fprintf(f, "%s\n", empty ? "" : longtok);
+        fclose(f);
+        snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?token_file=%s", s.port, longtf);
+        p = NULL;
+        ASSERT_EQ(kvp_pool_open(uri, &p), KVP_ERR_BAD_OPTION);
+        ASSERT(p == NULL);
+    }
+    unlink(longtf);
     ASSERT_EQ(server_stop(&s, SIGTERM), 0);
 }
 
