@@ -26,6 +26,7 @@
 #include "kv/kv_idmap.h"
 #include "kv/kv_json.h"
 #include "kvpool/kv_connector.h"
+#include "support/kv_scripted.h"
 
 typedef kvp__json_t jnode_t;
 

@@ -11,6 +11,8 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/sized.h"
+#include "ec/ec_config.h"
 #include "ec/ec_json.h"
 #include "ec/ec_ready.h"
 #include "ec/ec_sched_int.h"
@@ -69,14 +71,26 @@ static int64_t now_ms(kvp_ec_sched_t *s) { return s->clock.now_ms(s->clock.ctx);
 
 /* ---- creation -------------------------------------------------------------- */
 
-kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *p, kvp_ec_sched_t **sched_p)
+kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sched_t **sched_p)
 {
     *sched_p = NULL;
-    if (!p || !p->clock.now_ms || !p->executor.submit_cancel || !p->executor.shutdown || !p->inbox.shard_count ||
-        !p->inbox.drain)
+    if (!params)
+        return KVP_ERR_INVALID_ARG;
+    /* The caller's params and config as this library's structs (both may
+     * come from an older header: common/sized.h). */
+    kvp_ec_sched_params_t pc = {0};
+    kvp_status_t st = kvp__sized_adopt(&pc, sizeof pc, params);
+    if (st != KVP_OK) {
+        kvp_error("EC scheduler params: size %u (this library's struct has %zu bytes)", (unsigned)params->size,
+                  sizeof pc);
+        return st;
+    }
+    const kvp_ec_sched_params_t *p = &pc;
+    if (!p->config || !p->clock.now_ms || !p->executor.submit_cancel || !p->executor.shutdown ||
+        !p->inbox.shard_count || !p->inbox.drain)
         return KVP_ERR_INVALID_ARG;
     char addr[512], err[256];
-    kvp_status_t st = kvp_ec_config_validate(&p->config, addr, sizeof addr, err, sizeof err);
+    st = kvp_ec_config_validate(p->config, addr, sizeof addr, err, sizeof err);
     if (st != KVP_OK) {
         kvp_error("EC scheduler config: %s", err);
         return st;
@@ -84,22 +98,22 @@ kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *p, kvp_ec_sched_t 
     kvp_ec_sched_t *s = kvp__calloc(1, sizeof *s);
     if (!s)
         return KVP_ERR_NO_MEMORY;
-    s->cfg = p->config;
-    s->control_addr = kvp__ec_strdup(p->config.control_addr ? p->config.control_addr : addr);
+    kvp__ec_config_adopt(p->config, &s->cfg); /* cannot fail: validate adopted it */
+    s->control_addr = kvp__ec_strdup(s->cfg.control_addr ? s->cfg.control_addr : addr);
     if (!s->control_addr) {
         kvp__free(s, sizeof *s);
         return KVP_ERR_NO_MEMORY;
     }
     s->cfg.control_addr = s->control_addr;
     s->cfg.ec_ip = NULL;
-    s->itemsize = kvp_ec_dtype_itemsize(p->config.dtype);
+    s->itemsize = kvp_ec_dtype_itemsize(s->cfg.dtype);
     s->clock = p->clock;
     s->control = p->control;
     s->executor = p->executor;
     s->inbox = p->inbox;
-    s->max_pending_events = p->config.max_pending_events < 0 ? KVP_EC_MAX_PENDING_EVENTS : p->config.max_pending_events;
-    s->max_terminal = p->config.max_terminal_records < 0 ? KVP_EC_MAX_TERMINAL_RECORDS : p->config.max_terminal_records;
-    kvp__ec_table_init(&s->table, p->config.pool_size, KVP_EC_RESERVATION_TTL_MS);
+    s->max_pending_events = s->cfg.max_pending_events < 0 ? KVP_EC_MAX_PENDING_EVENTS : s->cfg.max_pending_events;
+    s->max_terminal = s->cfg.max_terminal_records < 0 ? KVP_EC_MAX_TERMINAL_RECORDS : s->cfg.max_terminal_records;
+    kvp__ec_table_init(&s->table, s->cfg.pool_size, KVP_EC_RESERVATION_TTL_MS);
     kvp__ec_ready_init(&s->ready);
     kvp__ec_map_init(&s->local_cache);
     kvp__ec_map_init(&s->failed_saves);

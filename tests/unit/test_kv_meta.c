@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "kvpool/kv_connector.h"
+#include "support/kv_scripted.h"
 #include "test.h"
 
 static const int64_t g_ids0[] = {12, 40, 41};
