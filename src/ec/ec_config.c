@@ -46,9 +46,9 @@ void kvp_ec_config_init_size(kvp_ec_config_t *cfg, size_t size)
     d.dtype = KVP_EC_DTYPE_BFLOAT16;
     d.max_pending_events = -1;
     d.max_terminal_records = -1;
-    if (size > sizeof d)
-        size = sizeof d; /* a newer caller: its extra fields untouched, validate refuses the size */
-    memcpy(cfg, &d, size);
+    /* a newer caller (size > sizeof d): its extra fields untouched, and the
+     * size kept, so that every call refuses the config (KVP_ERR_VERSION) */
+    memcpy(cfg, &d, size < sizeof d ? size : sizeof d);
     cfg->size = (uint32_t)size;
 }
 

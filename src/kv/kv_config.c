@@ -45,9 +45,9 @@ void kvp_kv_config_init_size(kvp_kv_config_t *cfg, size_t size)
     d.partial_hits = false;
     d.tp_size = d.pp_size = d.pcp_size = d.dcp_size = 1;
     d.num_kv_heads = 1;
-    if (size > sizeof d)
-        size = sizeof d; /* a newer caller: its extra fields zeroed, validate refuses the size */
-    memcpy(cfg, &d, size);
+    /* a newer caller (size > sizeof d): its extra fields untouched, and the
+     * size kept, so that every call refuses the config (KVP_ERR_VERSION) */
+    memcpy(cfg, &d, size < sizeof d ? size : sizeof d);
     cfg->size = (uint32_t)size;
 }
 

@@ -72,6 +72,16 @@ TEST(test_size_kv_config_bad_size_refused)
     ASSERT_EQ(kvp_kv_config_validate(&c), KVP_ERR_VERSION);
     ASSERT_EQ(kvp_kv_sched_create(&c, kvp_kv_scripted_client(sc), &s), KVP_ERR_VERSION);
     kvp_kv_scripted_destroy(sc);
+    /* a newer caller's init: its size is kept, so the config is refused */
+    struct {
+        kvp_kv_config_t c;
+        unsigned char appended[16];
+    } newer;
+    memset(&newer, GARBAGE, sizeof newer);
+    kvp_kv_config_init_size(&newer.c, sizeof newer);
+    ASSERT_EQ(newer.c.size, sizeof newer);
+    ASSERT(all_garbage(newer.appended, 0, sizeof newer.appended));
+    ASSERT_EQ(kvp_kv_config_validate(&newer.c), KVP_ERR_VERSION);
 }
 
 /* ---- kvp_kv_block_params_t ---- */
