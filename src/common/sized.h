@@ -9,6 +9,13 @@
  * is KVP_ERR_INVALID_ARG; one larger than this library's struct (a caller
  * built against a newer header, with fields this library would ignore) is
  * KVP_ERR_VERSION.
+ *
+ * An appended field can start inside an older struct's tail padding, which
+ * the older caller's size covers: so such a caller must have its struct
+ * initialised by the library's *_init (which writes the defaults there too)
+ * or zeroed, and every field appended must be one whose zero value is
+ * harmless.  Interfaces (tables of functions) inside these structs are not
+ * sized themselves: one that grows must move behind a pointer first.
  */
 #ifndef KVP_COMMON_SIZED_H
 #define KVP_COMMON_SIZED_H
