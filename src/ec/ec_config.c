@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/sized.h"
 
 static const struct {
@@ -56,6 +57,18 @@ kvp_status_t kvp__ec_config_adopt(const kvp_ec_config_t *in, kvp_ec_config_t *ou
 {
     kvp_ec_config_init(out);
     return kvp__sized_adopt(out, sizeof *out, in);
+}
+
+kvp_status_t kvp__ec_sched_params_adopt(const kvp_ec_sched_params_t *in, kvp_ec_sched_params_t *out)
+{
+    if (!in)
+        return KVP_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out); /* the defaults: every field past an older caller's size is zero */
+    kvp_status_t st = kvp__sized_adopt(out, sizeof *out, in);
+    if (st != KVP_OK)
+        kvp_error("EC scheduler params: size %u (this library's struct has %zu bytes)", (unsigned)in->size,
+                  sizeof *out);
+    return st;
 }
 
 static kvp_status_t bad(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

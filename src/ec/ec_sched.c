@@ -11,7 +11,6 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "common/sized.h"
 #include "ec/ec_config.h"
 #include "ec/ec_json.h"
 #include "ec/ec_ready.h"
@@ -74,17 +73,10 @@ static int64_t now_ms(kvp_ec_sched_t *s) { return s->clock.now_ms(s->clock.ctx);
 kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sched_t **sched_p)
 {
     *sched_p = NULL;
-    if (!params)
-        return KVP_ERR_INVALID_ARG;
-    /* The caller's params and config as this library's structs (both may
-     * come from an older header: common/sized.h). */
-    kvp_ec_sched_params_t pc = {0};
-    kvp_status_t st = kvp__sized_adopt(&pc, sizeof pc, params);
-    if (st != KVP_OK) {
-        kvp_error("EC scheduler params: size %u (this library's struct has %zu bytes)", (unsigned)params->size,
-                  sizeof pc);
+    kvp_ec_sched_params_t pc; /* the caller's params, whatever header it was built with */
+    kvp_status_t st = kvp__ec_sched_params_adopt(params, &pc);
+    if (st != KVP_OK)
         return st;
-    }
     const kvp_ec_sched_params_t *p = &pc;
     if (!p->config || !p->clock.now_ms || !p->executor.submit_cancel || !p->executor.shutdown ||
         !p->inbox.shard_count || !p->inbox.drain)
@@ -1013,21 +1005,8 @@ void kvp_ec_sched_close(kvp_ec_sched_t *s)
         s->inbox.close(s->inbox.ctx);
 }
 
-/* ---- observability ------------------------------------------------------------------ */
-
-void kvp_ec_sched_table_visit(const kvp_ec_sched_t *s, int (*cb)(void *ctx, const kvp_ec_record_view_t *rec),
-                              void *ctx)
-{
-    for (const kvp__ec_rec_t *r = s->table.head; r; r = r->next) {
-        kvp_ec_record_view_t v = {r->tid, r->hash, r->req, r->state, r->has_deadline, r->deadline};
-        if (cb(ctx, &v))
-            return;
-    }
-}
-
-uint64_t kvp_ec_sched_table_version(const kvp_ec_sched_t *s) { return s->table.version; }
-size_t kvp_ec_sched_table_size(const kvp_ec_sched_t *s) { return s->table.records.n; }
-int64_t kvp_ec_sched_resident_bytes(const kvp_ec_sched_t *s) { return (int64_t)s->table.resident_bytes; }
+/* ---- internal access (the observability calls are in ec_snapshot.c) ---------------- */
 
 kvp__ec_table_t *kvp__ec_sched_table(kvp_ec_sched_t *s) { return &s->table; }
+const kvp__ec_table_t *kvp__ec_sched_table_view(const kvp_ec_sched_t *s) { return &s->table; }
 size_t kvp__ec_sched_ready_size(const kvp_ec_sched_t *s) { return kvp__ec_ready_size(&s->ready); }
