@@ -11,7 +11,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvpool server --listen HOST:PORT --memory SIZE [--metrics-port P] [--metrics-listen HOST]\n"
-               "                     [--token-file F] [--insecure] [--put-timeout DURATION] [--log-level L]\n"
+               "                     [--metrics-port-file F] [--token-file F] [--insecure]\n"
+               "                     [--put-timeout DURATION] [--log-level L]\n"
                "                     [--port-file F] [--max-conns N] [--max-conns-per-source N]\n"
                "                     [--no-prefault] [--no-local-reads]\n"
                "  --listen       IPv4 address and port (port 0 = any free port, see --port-file); an\n"
@@ -22,7 +23,8 @@ static void usage(FILE *f)
                "  --insecure     serve a network address without a token: anyone who reaches it reads\n"
                "                 and writes every key\n"
                "  --metrics-port serve Prometheus text on this port (GET /metrics), on --metrics-listen\n"
-               "                 (default: the --listen address)\n"
+               "                 (default: the --listen address); 0 = any free port, written to\n"
+               "                 --metrics-port-file (before --port-file appears)\n"
                "  --put-timeout  give up puts whose values stop arriving for this long, and reclaim\n"
                "                 their reservations (default 30s)\n"
                "  --max-conns    established connections at most (default 1024, and below the\n"
@@ -109,11 +111,14 @@ int kvp_cmd_server(int argc, char **argv)
         } else if (!strcmp(a, "--metrics-port")) {
             char *end;
             long port = strtol(v, &end, 10);
-            if (*end || port < 1 || port > 65535) {
-                fprintf(stderr, "kvpool server: bad --metrics-port '%s'\n", v);
+            if (*end || port < 0 || port > 65535) {
+                fprintf(stderr, "kvpool server: bad --metrics-port '%s' (0 = any free port)\n", v);
                 return 2;
             }
+            p.metrics = 1;
             p.metrics_port = (uint16_t)port;
+        } else if (!strcmp(a, "--metrics-port-file")) {
+            p.metrics_port_file = v;
         } else if (!strcmp(a, "--metrics-listen")) {
             p.metrics_host = v;
         } else if (!strcmp(a, "--max-conns") || !strcmp(a, "--max-conns-per-source")) {

@@ -1,6 +1,7 @@
 /*
- * kvpool block-hash contract: vLLM-compatible chained block hashes and
- * Mooncake-store keys (connectors-spec §2.2 and §2.3).
+ * kvpool block-hash contract: vLLM-compatible chained block hashes
+ * (connectors-spec §2.2).  The store keys built from them (§2.3) are the KV
+ * connector's: include/kvpool/kv_connector.h, "Store keys".
  *
  * Block hashes.  vLLM hashes a request's tokens in full blocks of
  * `hash_block_size` tokens.  Block i's hash is
@@ -32,19 +33,6 @@
  * Strings.  Every text (seed, LoRA name, salt, mm identifier) is passed as
  * pointer + length (no NUL needed; embedded NULs allowed) and must be valid
  * UTF-8, since these are Python strs: anything else is KVP_ERR_INVALID_ARG.
- *
- * Store keys (§2.3):
- *
- *     [cache_prefix@]model@tp_rank:T@pcp<P>@dcp<D>@pp_rank:<PP>@group:<G>@<hex>
- *
- * with model = the last path component of the model path (trailing "/"
- * removed) and hex = the lowercase hex of the chunk's block hash.  Keys are
- * parsed from the right: the hash and the five numeric fields are fixed, and
- * of what remains the text after the last '@' is the model and everything
- * before it the cache prefix.  So a cache prefix MAY contain '@' (it still
- * round-trips) but a model name may not.  A model name is never empty and
- * has no '/'; a present prefix is never empty (an empty prefix means "no
- * prefix", as in vLLM); neither holds control characters or invalid UTF-8.
  *
  * Every call validates its arguments first; bad input returns a specific
  * KVP_ERR_* status, logs one line and leaves the outputs unspecified.  Any
@@ -202,68 +190,6 @@ KVP_API kvp_status_t kvp_hash_sha256(const void *data, size_t len, uint8_t out[3
 /* Lowercase hex of h into out (2*h->len chars + NUL; KVP_HASH_HEX_MAX bytes
  * always suffice).  Returns the number of hex characters. */
 KVP_API size_t kvp_hash_to_hex(const kvp_hash_t *h, char out[KVP_HASH_HEX_MAX]);
-
-/* ---------------------------------------------------------------- store keys */
-
-#define KVP_STORE_KEY_MAX 512u /* bytes, the pool's key limit (pool.h KVP_KEY_MAX) */
-
-/* The fields of a store key.  For kvp_store_key_format every field is [in];
- * kvp_store_key_parse fills it with views into the parsed string (the
- * cache_prefix and model_name pointers stay valid as long as that string). */
-typedef struct kvp_store_key {
-    const char *cache_prefix; /* NULL or empty (len 0): no prefix */
-    size_t cache_prefix_len;
-    const char *model_name;   /* the model's last path component (kvp_store_key_model_name) */
-    size_t model_name_len;
-    uint32_t tp_rank;         /* T = tp_rank / replication factor */
-    uint32_t pcp_rank;
-    uint32_t dcp_rank;
-    uint32_t pp_rank;
-    uint32_t group_id;
-    kvp_hash_t hash;          /* the chunk's block hash, 1..32 bytes */
-} kvp_store_key_t;
-
-/* What the KV cache group is, for the replication factor. */
-typedef enum kvp_kv_group_kind {
-    KVP_KV_GROUP_ATTENTION = 0, /* MHA/GQA full or sliding-window attention */
-    KVP_KV_GROUP_MLA = 1,       /* pure MLA: one latent shared by every TP rank */
-    KVP_KV_GROUP_MAMBA = 2,     /* Mamba state */
-} kvp_kv_group_kind_t;
-
-/* Formats `key` into buf (NUL-terminated).
- *   [in]  key
- *   [out] buf[buf_size]; len_p (may be NULL): the key length without the
- *         NUL, also set (to the length needed) on KVP_ERR_BUFFER_TOO_SMALL
- * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG (empty model
- * name or one with '@' or '/', a control character in prefix or model, hash
- * length 0 or > 32); KVP_ERR_KEY_LENGTH (key over KVP_STORE_KEY_MAX);
- * KVP_ERR_BUFFER_TOO_SMALL (buf_size < length + 1; buf untouched). */
-KVP_API kvp_status_t kvp_store_key_format(const kvp_store_key_t *key, char *buf, size_t buf_size,
-                                          size_t *len_p);
-
-/* Parses a store key str[0..len) (no NUL needed) strictly: exact field
- * names, decimal numbers without sign or leading zeros that fit 32 bits,
- * a lowercase hex hash of 2..64 even digits.
- *   [out] key_p: views into str (see kvp_store_key_t)
- * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_KEY_LENGTH (len 0 or over
- * KVP_STORE_KEY_MAX); KVP_ERR_DECODE (anything malformed). */
-KVP_API kvp_status_t kvp_store_key_parse(const char *str, size_t len, kvp_store_key_t *key_p);
-
-/* The model name of a model path: its last '/'-separated component after
- * removing trailing '/' ("/m/Llama-3/" -> "Llama-3").  A view into path.
- * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG (nothing left,
- * e.g. "" or "///"). */
-KVP_API kvp_status_t kvp_store_key_model_name(const char *path, size_t len, const char **name_p,
-                                              size_t *name_len_p);
-
-/* The replication factor of a KV cache group (§2.3): 1 for Mamba groups or
- * when dcp_size > 1; tp_size for pure MLA; otherwise
- * max(1, tp_size / num_kv_heads).  The key's T is tp_rank / factor.
- *   [in] kind, tp_size >= 1, num_kv_heads (>= 1 for attention), dcp_size >= 1
- * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG. */
-KVP_API kvp_status_t kvp_store_key_replication_factor(kvp_kv_group_kind_t kind, uint32_t tp_size,
-                                                      uint32_t num_kv_heads, uint32_t dcp_size,
-                                                      uint32_t *factor_p);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvpool/hash.h"
+#include "kvpool/pool.h"
 #include "kvpool/status.h"
 
 #ifdef __cplusplus
@@ -54,15 +56,20 @@ KVP_API kvp_status_t kvp_kv_role_parse(const char *s, kvp_kv_role_t *role_p);
 /* "kv_producer" etc.; never NULL. */
 KVP_API const char *kvp_kv_role_name(kvp_kv_role_t role);
 
-/* Kinds of KV-cache groups (vLLM's KVCacheSpec families). */
-typedef enum kvp_kv_spec_kind {
-    KVP_KV_SPEC_FULL_ATTENTION = 0,
-    KVP_KV_SPEC_SLIDING_WINDOW = 1,
-    KVP_KV_SPEC_MAMBA = 2,
-} kvp_kv_spec_kind_t;
+/* What a KV-cache group is (vLLM's KVCacheSpec families), the one enum for
+ * both uses: the block sizes of §2.2 (kvp_kv_resolve_block_sizes: only Mamba
+ * is special there) and the store keys' replication factor of §2.3
+ * (kvp_kv_store_key_replication_factor: full and sliding-window attention
+ * share the MHA/GQA rule, MLA and Mamba have their own). */
+typedef enum kvp_kv_group_kind {
+    KVP_KV_GROUP_FULL_ATTENTION = 0, /* MHA/GQA full attention */
+    KVP_KV_GROUP_SLIDING_WINDOW = 1, /* MHA/GQA sliding-window attention */
+    KVP_KV_GROUP_MAMBA = 2,          /* Mamba state */
+    KVP_KV_GROUP_MLA = 3,            /* pure MLA (full attention): one latent for all TP ranks */
+} kvp_kv_group_kind_t;
 
 typedef struct kvp_kv_cache_group {
-    kvp_kv_spec_kind_t kind;
+    kvp_kv_group_kind_t kind;
     int64_t block_size;      /* tokens per block of this group (> 0) */
     bool mamba_align_mode;   /* Mamba only: mamba_cache_mode == "align" */
 } kvp_kv_cache_group_t;
@@ -447,6 +454,137 @@ KVP_API kvp_status_t kvp_kv_sched_load_spec(const kvp_kv_sched_t *sched, const c
                                             kvp_kv_load_spec_t *spec_p);
 /* Flags: 1 = in _unfinished_requests, 2 = in _unfinished_request_ids. */
 KVP_API int kvp_kv_sched_membership(const kvp_kv_sched_t *sched, const char *req_id);
+
+/* ------------------------------------------------------------------------- */
+/* Store keys (§2.3)                                                         */
+/* ------------------------------------------------------------------------- */
+
+/*
+ *     [cache_prefix@]model@tp_rank:T@pcp<P>@dcp<D>@pp_rank:<PP>@group:<G>@<hex>
+ *
+ * with model = the last path component of the model path (trailing "/"
+ * removed) and hex = the lowercase hex of the chunk's block hash
+ * (include/kvpool/hash.h).  Keys are parsed from the right: the hash and the
+ * five numeric fields are fixed, and of what remains the text after the last
+ * '@' is the model and everything before it the cache prefix.  So a cache
+ * prefix MAY contain '@' (it still round-trips) but a model name may not.  A
+ * model name is never empty and has no '/'; a present prefix is never empty
+ * (an empty prefix means "no prefix", as in vLLM); neither holds control
+ * characters or invalid UTF-8.  Every call validates its arguments first; bad
+ * input returns a specific KVP_ERR_* status, logs one line and leaves the
+ * outputs unspecified.  All calls are thread-safe (no shared state).
+ */
+
+#define KVP_KV_STORE_KEY_MAX 512u /* bytes, the pool's key limit (pool.h KVP_KEY_MAX) */
+
+/* The fields of a store key.  For kvp_kv_store_key_format every field is
+ * [in]; kvp_kv_store_key_parse fills it with views into the parsed string (the
+ * cache_prefix and model_name pointers stay valid as long as that string). */
+typedef struct kvp_kv_store_key {
+    const char *cache_prefix; /* NULL or empty (len 0): no prefix */
+    size_t cache_prefix_len;
+    const char *model_name;   /* the model's last path component (kvp_kv_store_key_model_name) */
+    size_t model_name_len;
+    uint32_t tp_rank;         /* T = tp_rank / replication factor */
+    uint32_t pcp_rank;
+    uint32_t dcp_rank;
+    uint32_t pp_rank;
+    uint32_t group_id;
+    kvp_hash_t hash;          /* the chunk's block hash, 1..32 bytes */
+} kvp_kv_store_key_t;
+
+/* Formats `key` into buf (NUL-terminated).
+ *   [in]  key
+ *   [out] buf[buf_size]; len_p (may be NULL): the key length without the
+ *         NUL, also set (to the length needed) on KVP_ERR_BUFFER_TOO_SMALL
+ * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG (empty model
+ * name or one with '@' or '/', a control character in prefix or model, hash
+ * length 0 or > 32); KVP_ERR_KEY_LENGTH (key over KVP_KV_STORE_KEY_MAX);
+ * KVP_ERR_BUFFER_TOO_SMALL (buf_size < length + 1; buf untouched). */
+KVP_API kvp_status_t kvp_kv_store_key_format(const kvp_kv_store_key_t *key, char *buf,
+                                             size_t buf_size, size_t *len_p);
+
+/* Parses a store key str[0..len) (no NUL needed) strictly: exact field
+ * names, decimal numbers without sign or leading zeros that fit 32 bits,
+ * a lowercase hex hash of 2..64 even digits.
+ *   [out] key_p: views into str (see kvp_kv_store_key_t)
+ * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_KEY_LENGTH (len 0 or over
+ * KVP_KV_STORE_KEY_MAX); KVP_ERR_DECODE (anything malformed). */
+KVP_API kvp_status_t kvp_kv_store_key_parse(const char *str, size_t len, kvp_kv_store_key_t *key_p);
+
+/* The model name of a model path: its last '/'-separated component after
+ * removing trailing '/' ("/m/Llama-3/" -> "Llama-3").  A view into path.
+ * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG (nothing left,
+ * e.g. "" or "///"). */
+KVP_API kvp_status_t kvp_kv_store_key_model_name(const char *path, size_t len,
+                                                 const char **name_p, size_t *name_len_p);
+
+/* The replication factor of a KV cache group (§2.3): 1 for Mamba groups or
+ * when dcp_size > 1; tp_size for pure MLA; otherwise (full or sliding-window
+ * attention) max(1, tp_size / num_kv_heads).  The key's T is tp_rank / factor.
+ *   [in] kind, tp_size >= 1, num_kv_heads (>= 1 for attention), dcp_size >= 1
+ * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG. */
+KVP_API kvp_status_t kvp_kv_store_key_replication_factor(kvp_kv_group_kind_t kind,
+                                                         uint32_t tp_size, uint32_t num_kv_heads,
+                                                         uint32_t dcp_size, uint32_t *factor_p);
+
+/* ------------------------------------------------------------------------- */
+/* In-process pool lookup (§2.4)                                             */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * A kvp_kv_lookup_ops_t over a pool opened with include/kvpool/pool.h: what
+ * the worker rank 0 answers on the lookup channel (§2.4, "How the worker
+ * computes a hit"), computed in the calling process.  A lookup turns the
+ * request's block hashes into one store key per chunk and rank namespace
+ * (§2.3), asks the pool with kvp_pool_prefix, and returns the hit length in
+ * tokens under the every-rank rule (a chunk counts only if every namespace
+ * stored it) and the last-token rule (a hit covering the whole prompt is cut
+ * to align(num_tokens - 1)).  See src/kv/kv_lookup_pool.c for the steps.
+ *
+ * Scope: one full-attention KV-cache group (group id 0; MHA/GQA or MLA) at
+ * scheduler-block granularity.  Sliding-window or Mamba groups, several
+ * groups and partial hits are refused with KVP_ERR_UNSUPPORTED.
+ *
+ * Every answer is computed at once (non_block is never needed: the answer is
+ * always there), so lookup never returns KVP_INPROGRESS and discard has
+ * nothing to cancel.  reset removes every object of the pool
+ * (kvp_pool_remove_all, the RESET of §2.4).  Used by one thread at a time
+ * (the scheduler's); several lookups may share one pool.
+ */
+typedef struct kvp_kv_lookup_pool kvp_kv_lookup_pool_t;
+
+/* What the keys need.  Initialise with kvp_kv_lookup_pool_params_init() (it
+ * sets `size` and the defaults) and set what differs. */
+typedef struct kvp_kv_lookup_pool_params {
+    size_t size;              /* sizeof(kvp_kv_lookup_pool_params_t) of the caller's header */
+    const char *model_name;   /* model path or name (its last component is used); required */
+    const char *cache_prefix; /* NULL or "": no prefix */
+    uint32_t tp_size;         /* default 1 each; >= 1 */
+    uint32_t pp_size;
+    uint32_t pcp_size;
+    uint32_t dcp_size;        /* >= 1 and divides tp_size */
+    uint32_t num_kv_heads;    /* default 1; >= 1 (ignored for MLA) */
+    kvp_kv_group_kind_t group_kind; /* default FULL_ATTENTION; MLA also served */
+    uint32_t num_groups;      /* default 1; anything else KVP_ERR_UNSUPPORTED */
+    int64_t block_size;       /* scheduler block size (the chunk), default 16 */
+    int64_t hash_block_size;  /* default 16; divides block_size */
+    bool partial_hits;        /* default false; true is KVP_ERR_UNSUPPORTED */
+} kvp_kv_lookup_pool_params_t;
+
+KVP_API void kvp_kv_lookup_pool_params_init(kvp_kv_lookup_pool_params_t *params);
+
+/* Creates a pool lookup.  [in] pool (not owned; must outlive the lookup),
+ * params (copied).  Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_BAD_CONFIG
+ * (size too small, a size or rank count out of range, a model name or prefix
+ * the key format refuses; logged); KVP_ERR_UNSUPPORTED (see Scope);
+ * KVP_ERR_NO_MEMORY. */
+KVP_API kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool,
+                                               const kvp_kv_lookup_pool_params_t *params,
+                                               kvp_kv_lookup_pool_t **lookup_p);
+KVP_API void kvp_kv_lookup_pool_destroy(kvp_kv_lookup_pool_t *lookup);
+/* The client view of it (valid while lookup lives), for kvp_kv_sched_create. */
+KVP_API kvp_kv_lookup_client_t kvp_kv_lookup_pool_client(kvp_kv_lookup_pool_t *lookup);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/remote_int.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "net/wire.h"
 
@@ -301,3 +303,205 @@ void kvp__lmap_put(kvp__lmap_t *m)
     munmap((void *)m->table, (size_t)m->ai.tsize);
     kvp__free(m, sizeof *m);
 }
+
+/* ---- the kvpool:// handle's side: setting local reads up, finishing a
+ * GET_LOCAL, batching its release (client/remote_int.h) ----
+ *
+ * GETs answered as GET_LOCAL but copied are not yet released (r->rel, under
+ * mu): their ids ride on the connection's next request (its released
+ * field), or go in a RELEASE of their own once REL_FLUSH_NS has passed or
+ * KVP_RELEASED_MAX have gathered; a lost connection drops them (its leases
+ * end with its socket). */
+
+/* How long a copied GET_LOCAL waits for a request to ride on before the
+ * progress thread (which looks at least every 10 ms) releases it by a
+ * message of its own (a RELEASE costs the client a send and the server a
+ * wake-up, ~10 us; docs/transport.md §9). */
+#define REL_FLUSH_NS 1000000ull
+
+/* A RELEASE in flight (its header must live until UCX is done with it). */
+typedef struct release_msg {
+    kvp__mpw_t w;
+    uint8_t buf[64];
+} release_msg_t;
+
+static void release_sent(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    release_msg_t *m = user_data;
+    kvp__mpw_free(&m->w);
+    kvp__free(m, sizeof *m);
+    if (request)
+        ucp_request_free(request);
+}
+
+/* Tells the server that GET_LOCALs ids[0..n) are copied, in one RELEASE
+ * (never answered): req_id ids[0], the rest in its released field.  On a
+ * connection that is gone there is nothing to tell: its leases end with
+ * its socket. */
+static void post_release(struct remote *r, int gen, const uint64_t *ids, uint32_t n)
+{
+    pthread_mutex_lock(&r->mu);
+    if (gen != r->gen || !kvp__remote_do_ready(r)) {
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    ucp_ep_h ep = r->ep;
+    uint64_t key = r->conn_key;
+    r->senders++;
+    pthread_mutex_unlock(&r->mu);
+    release_msg_t *m = kvp__malloc(sizeof *m);
+    if (m) {
+        kvp__mpw_init(&m->w, m->buf, sizeof m->buf);
+        kvp__wire_req_encode(&m->w, KVP_WOP_RELEASE, ids[0], 0, key, NULL, 0, NULL);
+        if (n > 1 && kvp__wire_req_add_released(&m->w, ids + 1, n - 1) != 0)
+            m->w.err = 1;
+    }
+    if (m && !m->w.err) {
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+            .cb.send = release_sent,
+            .user_data = m,
+            .flags = UCP_AM_SEND_FLAG_REPLY,
+        };
+        int wl = kvp__remote_wlock_rd(&r->wlock);
+        ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, m->w.buf, m->w.len, NULL, 0, &prm);
+        kvp__remote_wunlock(&r->wlock, wl);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp))
+            release_sent(NULL, UCS_OK, m);
+    } else {
+        if (m)
+            release_sent(NULL, UCS_OK, m);
+        kvp_error("remote: out of memory releasing %u local reads; the server keeps their values until "
+                  "the connection closes", n);
+    }
+    pthread_mutex_lock(&r->mu);
+    kvp__remote_do_sent(r, gen);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Takes the queued releases (mu held); returns how many. */
+static uint32_t do_take_released(struct remote *r, uint64_t *ids)
+{
+    uint32_t n = r->nrel;
+    memcpy(ids, r->rel, n * sizeof *ids);
+    r->nrel = 0;
+    return n;
+}
+
+/* GET_LOCAL req_id's values are copied: queues its release. */
+static void queue_release(struct remote *r, int gen, uint64_t req_id)
+{
+    uint64_t ids[KVP_RELEASED_MAX];
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    if (gen == r->gen && kvp__remote_do_ready(r)) {
+        if (r->nrel == 0)
+            r->rel_since_ns = kvp__now_ns();
+        r->rel[r->nrel++] = req_id;
+        if (r->nrel == KVP_RELEASED_MAX)
+            n = do_take_released(r, ids);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (n)
+        post_release(r, gen, ids, n);
+}
+
+/* Progress thread: sends the releases that waited REL_FLUSH_NS for a
+ * request to ride on.  Returns whether any are still queued. */
+int kvp__lread_flush_released(struct remote *r, uint64_t now)
+{
+    uint64_t ids[KVP_RELEASED_MAX];
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    int gen = r->gen;
+    if (r->nrel && now - r->rel_since_ns >= REL_FLUSH_NS)
+        n = do_take_released(r, ids);
+    int left = r->nrel > 0;
+    pthread_mutex_unlock(&r->mu);
+    if (n)
+        post_release(r, gen, ids, n);
+    return left;
+}
+
+/* A GET_LOCAL's reply is parsed (mu held; unlocks): copies the values out
+ * of the mapped arena, releases the leases, finishes p. */
+void kvp__lread_finish(struct remote *r, struct pending *p, kvp_status_t st)
+{
+    int gen = p->gen;
+    uint64_t id = p->req_id;
+    if (st == KVP_ERR_BUSY) { /* the server is holding too much: over the network then */
+        p->repost = 1;
+        st = KVP_OK;
+    }
+    /* The copy holds the connection: its socket, whose close would end the
+     * server's leases, stays open until the copy is done. */
+    int copy = st == KVP_OK && p->nsegs > 0 && !p->repost;
+    int held = copy && kvp__remote_do_hold(r, gen);
+    if (copy && !held)
+        st = KVP_ERR_CONN_LOST; /* already closed: the bytes may have been reused */
+    int release = p->release;
+    (void)kvp__remote_do_advance(r, p, PEV_COPY); /* (never DONE: only this thread ends it now) */
+    pthread_mutex_unlock(&r->mu);
+    if (held) {
+        kvp__lread_copy(p->segs, p->nsegs);
+        /* Still leased all along?  The server bumps the slot's generation
+         * before it lets leased bytes go (a lease past its deadline). */
+        if (!kvp__lmap_still_leased(p->lmap, p->lr_slot, p->lr_gen)) {
+            kvp_warn("remote: a local read outlived its lease (the server's deadline passed mid-copy)");
+            st = KVP_ERR_TIMEOUT;
+        }
+    }
+    if (release)
+        queue_release(r, gen, id);
+    pthread_mutex_lock(&r->mu);
+    if (held)
+        kvp__remote_do_sent(r, gen);
+    p->status = p->timed_out ? KVP_ERR_TIMEOUT : st;
+    opctx_t *f = kvp__remote_do_advance(r, p, PEV_REPLIED);
+    pthread_mutex_unlock(&r->mu);
+    kvp__remote_fire(f);
+}
+
+/* After the HELLO of connection gen: maps the server's arena and lease
+ * table when it offers them (or keeps the mapping of the last connection
+ * to the same server) and proves it to the server, so gets on gen can read
+ * locally. */
+void kvp__lread_setup(struct remote *r, int gen, uint64_t key, const kvp__arena_info_t *ai)
+{
+    pthread_mutex_lock(&r->mu);
+    kvp__lmap_t *have = r->lmap;
+    int same = ai && have && kvp__lmap_is(have, ai);
+    pthread_mutex_unlock(&r->mu);
+    kvp__lmap_t *m = NULL;
+    if (ai && !same && kvp__lmap_get(ai, &m) != KVP_OK)
+        m = NULL;
+    pthread_mutex_lock(&r->mu);
+    kvp__lmap_t *old = NULL;
+    if (!same) {
+        old = r->lmap;
+        r->lmap = m;
+    }
+    m = r->lmap;
+    if (m)
+        kvp__lmap_ref(m);
+    pthread_mutex_unlock(&r->mu);
+    kvp__lmap_put(old);
+    if (!m)
+        return;
+    uint8_t proof[KVP_WIRE_LR_PROOF];
+    kvp__wire_lr_proof(kvp__lmap_nonce(m), key, proof);
+    kvp_key_t pk = {proof, sizeof proof};
+    kvp_status_t st = kvp__remote_run_request(r, KVP_WOP_LOCAL_PROOF, key, &pk, NULL);
+    kvp__lmap_put(m);
+    if (st != KVP_OK) {
+        kvp_info("remote: the server did not take this process's local-read proof (%s); reading over UCX",
+                 kvp_status_str(st));
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->lmap && r->gen == gen && kvp__remote_do_ready(r))
+        r->lmap_gen = gen;
+    pthread_mutex_unlock(&r->mu);
+}
+

@@ -66,4 +66,19 @@ void kvp__lread_copy(const kvp__cpseg_t *segs, uint32_t n);
  * use the baseline (SSE2) ones, so both paths get checked on any host. */
 void kvp__lread_test_wide(int on);
 
+/* The kvpool:// handle's side (client/remote_int.h).  After the HELLO of
+ * connection gen (conn_key key): maps the arena ai describes, or keeps the
+ * mapping of the last connection to it, and proves it to the server, so gets
+ * on gen may go as GET_LOCAL. */
+struct remote;
+struct pending;
+void kvp__lread_setup(struct remote *r, int gen, uint64_t key, const kvp__arena_info_t *ai);
+/* p's GET_LOCAL reply is parsed with status st (mu held; unlocks): copies
+ * the values out of the mapping, queues the release of the leases, ends
+ * p's reply side. */
+void kvp__lread_finish(struct remote *r, struct pending *p, kvp_status_t st);
+/* Progress thread: sends the releases that waited long enough for a request
+ * to ride on.  Returns whether any are still queued. */
+int kvp__lread_flush_released(struct remote *r, uint64_t now);
+
 #endif

@@ -124,7 +124,7 @@ kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size
         return KVP_ERR_BAD_CONFIG;
     }
     for (size_t i = 0; i < n; i++)
-        if (groups[i].block_size < 1 || (unsigned)groups[i].kind > KVP_KV_SPEC_MAMBA) {
+        if (groups[i].block_size < 1 || (unsigned)groups[i].kind > KVP_KV_GROUP_MLA) {
             kvp_error("kv connector: group %zu has a bad kind or block size", i);
             return KVP_ERR_BAD_CONFIG;
         }
@@ -153,7 +153,7 @@ kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size
          * as when nothing consumes block hashes. */
         bool mamba_unaligned = false;
         for (size_t i = 0; i < n; i++)
-            if (groups[i].kind == KVP_KV_SPEC_MAMBA && groups[i].block_size != p->cache_block_size)
+            if (groups[i].kind == KVP_KV_GROUP_MAMBA && groups[i].block_size != p->cache_block_size)
                 mamba_unaligned = true;
         if (!(p->prefix_caching || p->kv_connector) || mamba_unaligned) {
             hash = sched;
@@ -170,7 +170,7 @@ kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size
     }
     bool partial = false;
     for (size_t i = 0; i < n; i++)
-        if (groups[i].kind == KVP_KV_SPEC_MAMBA && groups[i].mamba_align_mode &&
+        if (groups[i].kind == KVP_KV_GROUP_MAMBA && groups[i].mamba_align_mode &&
             groups[i].block_size > hash)
             partial = true;
     out_p->block_size = sched;

@@ -1,8 +1,13 @@
 #include "net/ucx.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -132,8 +137,9 @@ static void tls_without_tcp(const char *asked, char *out, size_t cap)
         snprintf(out, cap, "self");
 }
 
-kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h *ctx_p,
-                           ucp_worker_h *worker_p)
+/* A context for `who` (multi_thread: its workers are shared by threads);
+ * tls gets the UCX_TLS it was made with. */
+static kvp_status_t context_create(const char *who, int multi_thread, ucp_context_h *ctx_p, char *tls, size_t cap)
 {
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
@@ -141,11 +147,9 @@ kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h 
         kvp_error("%s: UCX configuration: %s", who, ucs_status_string(st));
         return KVP_ERR_IO;
     }
-    int multi_thread = role == KVP_UCX_CLIENT;
     tune(cfg);
     const char *asked = getenv("UCX_TLS");
-    char tls[600];
-    tls_without_tcp(asked, tls, sizeof tls);
+    tls_without_tcp(asked, tls, cap);
     if ((st = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) {
         kvp_error("%s: UCX_TLS=%s: %s", who, tls, ucs_status_string(st));
         ucp_config_release(cfg);
@@ -172,15 +176,34 @@ kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h 
         kvp_error("%s: UCX init failed: %s", who, ucs_status_string(st));
         return KVP_ERR_IO;
     }
+    return KVP_OK;
+}
+
+static kvp_status_t worker_create(const char *who, ucp_context_h ctx, int multi_thread, ucp_worker_h *worker_p)
+{
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = multi_thread ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SINGLE,
     };
-    st = ucp_worker_create(*ctx_p, &wp, worker_p);
+    ucs_status_t st = ucp_worker_create(ctx, &wp, worker_p);
     if (st != UCS_OK) {
         kvp_error("%s: UCX worker: %s", who, ucs_status_string(st));
-        ucp_cleanup(*ctx_p);
         return KVP_ERR_IO;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h *ctx_p,
+                           ucp_worker_h *worker_p)
+{
+    int multi_thread = role == KVP_UCX_CLIENT;
+    char tls[600];
+    kvp_status_t st = context_create(who, multi_thread, ctx_p, tls, sizeof tls);
+    if (st != KVP_OK)
+        return st;
+    if ((st = worker_create(who, *ctx_p, multi_thread, worker_p)) != KVP_OK) {
+        ucp_cleanup(*ctx_p);
+        return st;
     }
     kvp_info("%s: UCX transports available: %s (UCX_TLS=%s)", who, kvp__ucx_transports(*ctx_p), tls);
     return KVP_OK;
@@ -192,6 +215,121 @@ void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker)
         ucp_worker_destroy(worker);
     if (ctx)
         ucp_cleanup(ctx);
+}
+
+/* ---- the process's client context ----
+ * ucp_init reads the configuration and opens every transport's resources
+ * (~40 ms), so the kvpool:// handles of a process share one context, each
+ * with its own worker (a context with mt_workers_shared serves workers of
+ * different threads).  A child made by fork() does not use its parent's:
+ * UCX's resources do not survive a fork, so the child makes its own (and
+ * leaves the inherited one alone: it is the parent's to clean up). */
+static struct {
+    pthread_mutex_t mu;
+    ucp_context_h ctx;
+    unsigned refs;
+    pid_t pid;          /* the process that made ctx */
+    int shm, rdma;      /* kvp__ucx_kinds of ctx */
+} g_client = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void kinds_of(ucp_context_h ctx, int *shm_p, int *rdma_p)
+{
+    char tls[512];
+    snprintf(tls, sizeof tls, "%s", kvp__ucx_transports(ctx));
+    int shm = 0, rdma = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(tls, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        if (!strcmp(t, "posix") || !strcmp(t, "sysv") || !strcmp(t, "xpmem") || !strcmp(t, "cma") ||
+            !strcmp(t, "knem"))
+            shm = 1;
+        else if (!strncmp(t, "rc", 2) || !strncmp(t, "dc", 2) || !strncmp(t, "ud", 2))
+            rdma = 1;
+    }
+    *shm_p = shm;
+    *rdma_p = rdma;
+}
+
+kvp_status_t kvp__ucx_client_open(ucp_context_h *ctx_p, ucp_worker_h *worker_p)
+{
+    pthread_mutex_lock(&g_client.mu);
+    if (g_client.ctx && g_client.pid != getpid()) { /* inherited across fork() */
+        g_client.ctx = NULL;
+        g_client.refs = 0;
+    }
+    if (!g_client.ctx) {
+        char tls[600];
+        kvp_status_t st = context_create("client", 1, &g_client.ctx, tls, sizeof tls);
+        if (st != KVP_OK) {
+            g_client.ctx = NULL;
+            pthread_mutex_unlock(&g_client.mu);
+            return st;
+        }
+        g_client.pid = getpid();
+        kinds_of(g_client.ctx, &g_client.shm, &g_client.rdma);
+        kvp_info("client: UCX transports available: %s (UCX_TLS=%s)", kvp__ucx_transports(g_client.ctx), tls);
+    }
+    ucp_context_h ctx = g_client.ctx;
+    g_client.refs++;
+    pthread_mutex_unlock(&g_client.mu);
+    if (worker_create("client", ctx, 1, worker_p) != KVP_OK) {
+        kvp__ucx_client_close(ctx, NULL);
+        return KVP_ERR_IO;
+    }
+    *ctx_p = ctx;
+    return KVP_OK;
+}
+
+void kvp__ucx_client_close(ucp_context_h ctx, ucp_worker_h worker)
+{
+    if (worker)
+        ucp_worker_destroy(worker);
+    if (!ctx)
+        return;
+    pthread_mutex_lock(&g_client.mu);
+    if (ctx == g_client.ctx && g_client.pid == getpid() && --g_client.refs == 0) {
+        ucp_cleanup(ctx);
+        g_client.ctx = NULL;
+    }
+    pthread_mutex_unlock(&g_client.mu);
+}
+
+unsigned kvp__ucx_context_refs(void)
+{
+    pthread_mutex_lock(&g_client.mu);
+    unsigned n = g_client.ctx && g_client.pid == getpid() ? g_client.refs : 0;
+    pthread_mutex_unlock(&g_client.mu);
+    return n;
+}
+
+void kvp__ucx_kinds(ucp_context_h ctx, int *shm_p, int *rdma_p)
+{
+    pthread_mutex_lock(&g_client.mu);
+    int cached = ctx == g_client.ctx && g_client.pid == getpid();
+    *shm_p = g_client.shm;
+    *rdma_p = g_client.rdma;
+    pthread_mutex_unlock(&g_client.mu);
+    if (!cached)
+        kinds_of(ctx, shm_p, rdma_p);
+}
+
+int kvp__ucx_host_is_local(const char *host)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai)
+        return 0;
+    struct in_addr a = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+    freeaddrinfo(ai);
+    if ((ntohl(a.s_addr) >> 24) == 127)
+        return 1;
+    struct ifaddrs *ifs = NULL;
+    int local = 0;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+            local = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == a.s_addr;
+        freeifaddrs(ifs);
+    }
+    return local;
 }
 
 int kvp__ucx_ep_close(ucp_worker_h worker, ucp_ep_h ep, unsigned timeout_ms)

@@ -1,8 +1,10 @@
 /*
- * UCX set-up shared by the server and the remote client: one context with
- * active messages, one worker, and a readable list of the transports UCX
- * found (logged at start so operators see shm vs rdma).  UCX never uses tcp
- * in kvpool (see kvp__ucx_open).
+ * UCX set-up shared by the server and the remote client: a context with
+ * active messages, a worker, and a readable list of the transports UCX
+ * found (logged at start so operators see shm vs rdma).  The server makes
+ * its own context (kvp__ucx_open); the kvpool:// handles of a process share
+ * one (kvp__ucx_client_open), each with its own worker.  UCX never uses tcp
+ * in kvpool (see context_create in ucx.c).
  */
 #ifndef KVP_NET_UCX_H
 #define KVP_NET_UCX_H
@@ -22,6 +24,21 @@ typedef enum kvp__ucx_role {
 kvp_status_t kvp__ucx_open(const char *who, kvp__ucx_role_t role, ucp_context_h *ctx_p,
                            ucp_worker_h *worker_p);
 void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker);
+/* The client's: a reference on the process's one client context (made,
+ * with UCX's configuration of that moment, by the first open; freed by the
+ * last close) and a worker of its own on it, for a thread-shared
+ * (KVP_UCX_CLIENT) worker.  Thread-safe.  KVP_OK or KVP_ERR_IO (logged). */
+kvp_status_t kvp__ucx_client_open(ucp_context_h *ctx_p, ucp_worker_h *worker_p);
+/* Destroys worker (unless NULL) and drops ctx's reference. */
+void kvp__ucx_client_close(ucp_context_h ctx, ucp_worker_h worker);
+/* References on this process's client context: 0 when none exists. */
+unsigned kvp__ucx_context_refs(void);
+/* Which kinds of transport ctx has: shared memory (posix, sysv, xpmem, cma,
+ * knem), RDMA (rc, dc, ud). */
+void kvp__ucx_kinds(ucp_context_h ctx, int *shm_p, int *rdma_p);
+/* Does host (a name or an IPv4 address) name this host: loopback, or the
+ * address of one of its interfaces? */
+int kvp__ucx_host_is_local(const char *host);
 /* "posix sysv cma tcp ..." — the transports UCX may use (static buffer). */
 const char *kvp__ucx_transports(ucp_context_h ctx);
 /* Closes ep by flushing what is outstanding on it first, progressing the

@@ -19,9 +19,11 @@
  * conn_key] (not for PUT, whose data are the values: clients split such a
  * put into several requests).
  *
- * The decoders here are the only code that reads bytes from the network; each
- * bounds every count and length before use and returns KVP_ERR_VERSION or
- * KVP_ERR_PROTOCOL for anything else (fuzzed by tests/fuzz/fuzz_wire.c).
+ * The decoders here and in net/wire_reply.h (each reply's fields) and
+ * net/lane.h (the TCP framing) are the only code that reads bytes from the
+ * network; each bounds every count and length before use and returns
+ * KVP_ERR_VERSION or KVP_ERR_PROTOCOL for anything else (fuzzed by
+ * tests/fuzz/fuzz_wire.c, fuzz_wire_reply.c and fuzz_wire_lane.c).
  */
 #ifndef KVP_NET_WIRE_H
 #define KVP_NET_WIRE_H
@@ -118,30 +120,8 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
 void kvp__wire_lr_proof(const uint8_t nonce[KVP_WIRE_LR_NONCE], uint64_t conn_key,
                         uint8_t out[KVP_WIRE_LR_PROOF]);
 
-/* Reply header, first part: [version, op, req_id, status, ...]; the caller
- * appends the op's fields:
- *   HELLO:      [protocol, max_batch, max_value, arena]
- *               arena: [pid, fd, size, dev, ino, populated, table_fd,
- *               table_size, table_dev, table_ino]: the server's arena memfd
- *               and its lease table (a client on the same host may map both,
- *               read only, for GET_LOCAL), or nil (the client is not on the
- *               server's host, or local reads are off)
- *   LOCAL_PROOF: none (status OK: GET_LOCAL is served on this connection
- *               from now on; KVP_ERR_AUTH: wrong proof)
- *   (a request that could not be decoded is answered with op 0, req_id 0)
- *   EXISTS:     bin of n bytes (0/1)
- *   PREFIX:     uint m
- *   PUT/REMOVE/PIN/UNPIN, GET: array of n [status(int), flags_or_size(uint)]
- *   GET_LOCAL:  array of n [status(int), size(uint), offset(uint)], then
- *               slot(uint), gen(uint): each found value lies at offset in the
- *               arena, leased until the client sends RELEASE with the
- *               GET_LOCAL's req_id (or its connection closes, or the lease
- *               deadline passes: then table[slot] != gen)
- *   RELEASE:    none (no reply is sent; the request releases req_id and
- *               whatever its released field names)
- *   REMOVE_ALL: uint removed
- *   STATS:      array of KVP_WIRE_NSTATS uints (kvp_pool_stats_t field order)
- * An error status carries no op fields. */
+/* Reply header, first part: [version, op, req_id, status, ...]; the op's
+ * fields follow (net/wire_reply.h: their formats, encoders and decoders). */
 void kvp__wire_reply_begin(kvp__mpw_t *w, uint32_t op, uint64_t req_id, kvp_status_t status,
                            uint32_t nfields);
 

@@ -622,7 +622,7 @@ void kvp__reap_conns(server_t *s, int check_deadlines)
             KVP_LIST_FOR_EACH(p, &c->puts)
                 KVP_CONTAINER_OF(p, put_ctx_t, link)->expired = 1;
             atomic_fetch_add(&s->ctr.put_expired, 1);
-            kvp__conn_kill(s, c, "a put's values did not arrive within put_timeout");
+            kvp__conn_kill(s, c, "a put's values did not arrive within put_timeout or the request's timeout");
         }
         if (c->state == CONN_DEAD && c->ep) {
             /* Started, not waited for: a dead peer never lets it flush

@@ -49,12 +49,17 @@ static void ucx_failed(server_t *s, conn_t *c, ucs_status_t status)
 
 /* ---- replies ---- */
 
-/* Ends a reply's claim on its connection: its leases, its count. */
-static void reply_detach(reply_t *r)
+void kvp__reply_drop_leases(reply_t *r)
 {
     for (uint32_t i = 0; i < r->nleases; i++)
         kvp__store_release(r->s->store, r->leases[i]);
     r->nleases = 0;
+}
+
+/* Ends a reply's claim on its connection: its leases, its count. */
+static void reply_detach(reply_t *r)
+{
+    kvp__reply_drop_leases(r);
     if (r->c) {
         kvp__list_del(&r->link);
         kvp__inflight_end(r->s, r->c, &r->s->inflight_replies);
@@ -156,26 +161,20 @@ void kvp__reply_status(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, kvp
     reply_t *r = kvp__reply_new(s, c, op);
     if (!r)
         return;
-    kvp__wire_reply_begin(&r->w, op, req_id, st, 0);
+    kvp__wire_reply_status_encode(&r->w, op, req_id, st);
     kvp__reply_send(r);
 }
 
 /* A reply's latency is observed when it has been sent, counted from t0
  * (when the request arrived: for a put, before its values did). */
 void kvp__reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, const kvp_key_result_t *res,
-                        uint32_t n, int sizes, uint64_t t0)
+                        uint32_t n, uint64_t t0)
 {
     reply_t *r = kvp__reply_new(s, c, op);
     if (!r)
         return;
     r->t0 = t0;
-    kvp__wire_reply_begin(&r->w, op, req_id, KVP_OK, 1);
-    kvp__mpw_array(&r->w, n);
-    for (uint32_t i = 0; i < n; i++) {
-        kvp__mpw_array(&r->w, 2);
-        kvp__mpw_int(&r->w, res[i].status);
-        kvp__mpw_uint(&r->w, sizes ? res[i].size : res[i].flags);
-    }
+    kvp__wire_reply_results_encode(&r->w, op, req_id, res, n);
     kvp__reply_send(r);
 }
 
@@ -224,7 +223,7 @@ void kvp__put_finish(put_ctx_t *pc, ucs_status_t recv_status)
     if (kvp__conn_live(c) && pc->refuse != KVP_OK)
         kvp__reply_status(s, c, KVP_WOP_PUT, pc->req_id, pc->refuse);
     else if (kvp__conn_live(c))
-        kvp__reply_results(s, c, KVP_WOP_PUT, pc->req_id, pc->res, pc->n, 0, pc->t0);
+        kvp__reply_results(s, c, KVP_WOP_PUT, pc->req_id, pc->res, pc->n, pc->t0);
     kvp__list_del(&pc->link);
     c->put_resv_bytes -= pc->resv_bytes;
     atomic_fetch_sub(&s->ctr.put_resv_bytes, pc->resv_bytes);
@@ -268,6 +267,9 @@ put_ctx_t *kvp__put_new(server_t *s, conn_t *c, const kvp__wire_req_t *rq, kvp_s
     *pc = (put_ctx_t){.s = s, .c = c, .req_id = rq->req_id, .n = n, .t0 = now, .resv = resv, .res = res,
                       .iov = iov, .refuse = refuse, .staged = -1};
     pc->deadline_ns = now + (s->p.put_timeout_ns ? s->p.put_timeout_ns : 30ull * 1000000000ull);
+    pc->expires_ns = kvp__req_deadline(rq, now);
+    if (pc->expires_ns && pc->expires_ns < pc->deadline_ns)
+        pc->deadline_ns = pc->expires_ns;
     kvp__list_init(&pc->link);
     for (uint32_t i = 0; i < n; i++) {
         res[i].size = rq->sizes[i];
@@ -367,16 +369,17 @@ static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
     reply_t *r = kvp__reply_new(s, c, rq->op);
     if (!r)
         return;
+    r->req_id = rq->req_id;
+    r->expires_ns = kvp__req_deadline(rq, r->t0);
     r->cap = cap;
     r->leases = kvp__calloc(cap, sizeof *r->leases);
     r->iov = kvp__calloc(cap, sizeof *r->iov);
     if (!r->leases || !r->iov) {
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+        kvp__wire_reply_status_encode(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY);
         kvp__reply_send(r);
         return;
     }
-    kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
-    kvp__mpw_array(&r->w, n);
+    kvp__wire_reply_keys_begin(&r->w, rq->op, rq->req_id, n);
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++) {
         const void *p;
@@ -394,9 +397,7 @@ static void handle_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
             r->nleases++;
             bytes += size;
         }
-        kvp__mpw_array(&r->w, 2);
-        kvp__mpw_int(&r->w, st);
-        kvp__mpw_uint(&r->w, size);
+        kvp__wire_reply_key(&r->w, st, size);
     }
     atomic_fetch_add(&s->ctr.bytes_out, bytes);
     kvp__reply_send(r);
@@ -413,11 +414,10 @@ static void handle_simple(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
             return;
         uint8_t *present = kvp__malloc(n ? n : 1);
         if (!present) {
-            kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+            kvp__wire_reply_status_encode(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY);
         } else {
             kvp__store_exists_batch(s->store, rq->keys, n, present);
-            kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
-            kvp__mpw_bin(&r->w, present, n);
+            kvp__wire_reply_exists_encode(&r->w, rq->req_id, present, n);
             kvp__free(present, n ? n : 1);
         }
         kvp__reply_send(r);
@@ -427,8 +427,7 @@ static void handle_simple(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         r = kvp__reply_new(s, c, rq->op);
         if (!r)
             return;
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
-        kvp__mpw_uint(&r->w, kvp__store_prefix(s->store, rq->keys, n));
+        kvp__wire_reply_prefix_encode(&r->w, rq->req_id, kvp__store_prefix(s->store, rq->keys, n));
         kvp__reply_send(r);
         return;
     case KVP_WOP_REMOVE:
@@ -443,7 +442,7 @@ static void handle_simple(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
             res[i].status = rq->op == KVP_WOP_REMOVE
                                 ? kvp__store_remove(s->store, rq->keys[i].data, rq->keys[i].len)
                                 : kvp__store_pin(s->store, rq->keys[i].data, rq->keys[i].len, rq->op == KVP_WOP_PIN);
-        kvp__reply_results(s, c, rq->op, rq->req_id, res, n, 0, kvp__now_ns());
+        kvp__reply_results(s, c, rq->op, rq->req_id, res, n, kvp__now_ns());
         kvp__free(res, (n ? n : 1) * sizeof *res);
         return;
     }
@@ -454,8 +453,7 @@ static void handle_simple(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         r = kvp__reply_new(s, c, rq->op);
         if (!r)
             return;
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
-        kvp__mpw_uint(&r->w, removed);
+        kvp__wire_reply_remove_all_encode(&r->w, rq->req_id, removed);
         kvp__reply_send(r);
         return;
     }
@@ -465,11 +463,7 @@ static void handle_simple(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         r = kvp__reply_new(s, c, rq->op);
         if (!r)
             return;
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 1);
-        const uint64_t *f = (const uint64_t *)&st;
-        kvp__mpw_array(&r->w, (uint32_t)KVP_WIRE_NSTATS);
-        for (size_t i = 0; i < KVP_WIRE_NSTATS; i++)
-            kvp__mpw_uint(&r->w, f[i]);
+        kvp__wire_reply_stats_encode(&r->w, rq->req_id, &st);
         kvp__reply_send(r);
         return;
     }
@@ -489,11 +483,9 @@ void kvp__dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         reply_t *r = kvp__reply_new(s, c, rq->op);
         if (!r)
             return;
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 4);
-        kvp__mpw_uint(&r->w, KVP_WIRE_VERSION);
-        kvp__mpw_uint(&r->w, KVP_BATCH_MAX);
-        kvp__mpw_uint(&r->w, kvp__store_max_value(s->store));
-        kvp__lr_hello(s, c, &r->w);
+        kvp__wire_arena_t arena;
+        kvp__wire_reply_hello_encode(&r->w, rq->req_id, KVP_BATCH_MAX, kvp__store_max_value(s->store),
+                                     kvp__lr_hello(s, c, &arena));
         kvp__reply_send(r);
     } else if (rq->op == KVP_WOP_RELEASE) {
         kvp__lr_release(s, c, rq->req_id); /* (also while draining; never answered) */

@@ -1,10 +1,11 @@
 /*
  * kvpool's TCP transport, the server's side (net/lane.h, docs/protocol.md
  * §3).  Connections on it have no UCX endpoint: the same requests arrive as
- * frames on the connection's socket, a put's values are read from it
- * straight into their arena slots, and replies are queued and written (get
- * values straight from the leased slices) as the socket takes them.  Same
- * handlers, same rules as over UCX.
+ * frames on the connection's socket (read by net/lane.c's reader), a put's
+ * values are read from it straight into their arena slots, and replies are
+ * queued and written by net/lane.c's writer (get values straight from the
+ * leased slices) as the socket takes them.  Same handlers, same rules as
+ * over UCX.
  *
  * What a client on a plain network can hold here, and for how long:
  *
@@ -17,7 +18,10 @@
  *   allowed), and only once it is whole is its space reserved (evicting then)
  *   and the bytes copied in.  A put that stalls thus evicts nothing, and
  *   one that makes no progress for put_timeout is given up (its
- *   reservations expire) and its connection closed.
+ *   reservations expire) and its connection closed.  One whose request's
+ *   timeout_ms passes first lets its reservations expire and reads the rest
+ *   of its values into the sink (put_expire); a get reply queued, not begun,
+ *   past its deadline drops its leases (reply_expire).
  *
  *   A request header is read into a buffer that grows from LANE_RX_START to
  *   at most KVP_WIRE_HEADER_MAX, with hdr_max bytes for the grown part of all
@@ -45,11 +49,7 @@
 kvp_status_t kvp__lane_start(server_t *s, conn_t *c)
 {
     (void)s;
-    c->rx_buf = kvp__malloc(LANE_RX_START);
-    if (!c->rx_buf)
-        return KVP_ERR_NO_MEMORY;
-    c->rx_cap = LANE_RX_START;
-    return KVP_OK;
+    return kvp__lane_rx_init(&c->rx, LANE_RX_START, NULL, 0) == 0 ? KVP_OK : KVP_ERR_NO_MEMORY;
 }
 
 /* What the event loop watches on the socket. */
@@ -68,12 +68,9 @@ static void lane_watch(server_t *s, conn_t *c, int want_out, int paused)
 
 void kvp__lane_queue(server_t *s, conn_t *c, reply_t *r)
 {
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < r->nleases; i++)
-        bytes += r->iov[i].length;
-    kvp__lane_head_encode(r->head, (uint32_t)r->w.len, bytes);
+    kvp__lane_tx_init(&r->tx, r->w.buf, (uint32_t)r->w.len, r->iov, r->nleases);
     c->tx_count++;
-    c->tx_bytes += KVP_LANE_HEAD + r->w.len + bytes;
+    c->tx_bytes += r->tx.total;
     kvp__list_add_tail(&c->tx, &r->link);
     if (!c->tx_wait)
         kvp__lane_tx(s, c);
@@ -84,38 +81,17 @@ void kvp__lane_tx(server_t *s, conn_t *c)
     kvp__list_t *first;
     while (kvp__conn_live(c) && (first = kvp__list_first(&c->tx))) {
         reply_t *r = KVP_CONTAINER_OF(first, reply_t, link);
-        struct iovec v[LANE_IOV_MAX];
-        int n = 0;
-        uint64_t skip = r->tx_done, total = 0;
-        for (uint32_t i = 0; i < 2 + r->nleases; i++) {
-            const char *b = i == 0 ? (const char *)r->head : i == 1 ? (const char *)r->w.buf : r->iov[i - 2].buffer;
-            size_t l = i == 0 ? KVP_LANE_HEAD : i == 1 ? r->w.len : r->iov[i - 2].length;
-            total += l;
-            if (skip >= l) {
-                skip -= l;
-                continue;
-            }
-            if (n < LANE_IOV_MAX)
-                v[n++] = (struct iovec){(void *)(b + skip), l - skip};
-            skip = 0;
+        int done = kvp__lane_tx_write(&r->tx, c->src.fd);
+        if (done == 0) {
+            lane_watch(s, c, 1, c->rx_paused);
+            return;
         }
-        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
-        ssize_t k = sendmsg(c->src.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                lane_watch(s, c, 1, c->rx_paused);
-                return;
-            }
+        if (done < 0) {
             kvp__conn_kill(s, c, "send failed");
             return;
         }
-        r->tx_done += (uint64_t)k;
-        if (r->tx_done < total)
-            continue;
         c->tx_count--;
-        c->tx_bytes -= total;
+        c->tx_bytes -= r->tx.total;
         kvp__metrics_observe(&s->ctr, r->op, kvp__now_ns() - r->t0);
         kvp__reply_free(r);
     }
@@ -204,9 +180,10 @@ static void unstage(server_t *s, put_ctx_t *pc)
 static void decide_ahead(server_t *s, conn_t *c, put_ctx_t *pc)
 {
     uint64_t ahead = 0;
-    for (uint32_t i = c->rx_i; i < pc->decided; i++)
-        ahead += pc->iov[i].length - (i == c->rx_i ? c->rx_off : 0);
-    while (pc->decided < pc->n && pc->staged < 0 && (pc->decided == c->rx_i || ahead < LANE_AHEAD)) {
+    const kvp__lane_rx_t *rx = &c->rx;
+    for (uint32_t i = rx->i; i < pc->decided; i++)
+        ahead += pc->iov[i].length - (i == rx->i ? rx->off : 0);
+    while (pc->decided < pc->n && pc->staged < 0 && (pc->decided == rx->i || ahead < LANE_AHEAD)) {
         uint32_t i = pc->decided;
         decide(s, c, pc, i);
         ahead += pc->iov[i].length;
@@ -254,13 +231,11 @@ static void lane_request(server_t *s, conn_t *c, const uint8_t *hdr, uint32_t le
         kvp__conn_kill(s, c, "out of memory for a put");
         return;
     }
-    /* (views into rx_buf, which holds this header until the put is done) */
+    /* (views into rx.buf, which holds this header until the put is done) */
     memcpy(keys, rq.keys, rq.nkeys * sizeof *keys);
     pc->keys = keys;
     c->rx_put = pc;
-    c->rx_left = data_len;
-    c->rx_i = 0;
-    c->rx_off = 0;
+    kvp__lane_rx_into(&c->rx, pc->iov, 0);
     c->rx_progress_ns = kvp__now_ns();
 }
 
@@ -274,51 +249,20 @@ static void put_done(server_t *s, conn_t *c)
     kvp__put_finish(pc, UCS_OK);
 }
 
-/* Reads what the socket has of a put's values.  0: go on, -1: stop. */
-static int read_values(server_t *s, conn_t *c)
-{
-    put_ctx_t *pc = c->rx_put;
-    decide_ahead(s, c, pc);
-    struct iovec v[LANE_IOV_MAX];
-    int n = kvp__lane_iov_fill(v, LANE_IOV_MAX, pc->iov, pc->decided, c->rx_i, c->rx_off);
-    ssize_t k = readv(c->src.fd, v, n);
-    if (k <= 0) {
-        if (k < 0 && errno == EINTR)
-            return 0;
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return -1;
-        kvp__conn_kill(s, c, k == 0 ? "client closed its connection in the middle of a put" : "receive failed");
-        return -1;
-    }
-    c->rx_left -= (uint64_t)k;
-    c->rx_progress_ns = kvp__now_ns();
-    kvp__lane_iov_advance(pc->iov, &c->rx_i, &c->rx_off, (size_t)k);
-    if (pc->staged >= 0 && c->rx_i > (uint32_t)pc->staged)
-        unstage(s, pc);
-    if (c->rx_left == 0)
-        put_done(s, c);
-    return 0;
-}
-
 /* The header buffer holds need bytes: grown within the server's budget. */
 static int rx_grow(server_t *s, conn_t *c, size_t need)
 {
-    if (need <= c->rx_cap)
+    if (need <= c->rx.cap)
         return 0;
-    uint64_t extra = need - LANE_RX_START;
+    uint64_t extra = need - c->rx.cap;
     if (s->hdr_bytes + extra > s->hdr_max) {
         kvp_warn_rl("server: conn %llu: a %zu-byte request header would pass the server's header budget "
                     "(%llu of %llu bytes in use)", (unsigned long long)c->id, need,
                     (unsigned long long)s->hdr_bytes, (unsigned long long)s->hdr_max);
         return -1;
     }
-    uint8_t *nb = kvp__malloc(need);
-    if (!nb)
+    if (kvp__lane_rx_grow(&c->rx, need) != 0)
         return -1;
-    memcpy(nb, c->rx_buf, KVP_LANE_HEAD);
-    kvp__free(c->rx_buf, c->rx_cap);
-    c->rx_buf = nb;
-    c->rx_cap = need;
     s->hdr_bytes += extra;
     atomic_store(&s->ctr.header_bytes, s->hdr_bytes);
     return 0;
@@ -327,70 +271,120 @@ static int rx_grow(server_t *s, conn_t *c, size_t need)
 /* A large header was a one-off: the memory goes back. */
 static void rx_shrink(server_t *s, conn_t *c)
 {
-    if (c->rx_cap <= LANE_RX_START)
+    size_t freed = kvp__lane_rx_shrink(&c->rx, LANE_RX_START);
+    if (!freed)
         return;
-    uint8_t *nb = kvp__malloc(LANE_RX_START);
-    if (!nb)
-        return;
-    s->hdr_bytes -= c->rx_cap - LANE_RX_START;
+    s->hdr_bytes -= freed;
     atomic_store(&s->ctr.header_bytes, s->hdr_bytes);
-    kvp__free(c->rx_buf, c->rx_cap);
-    c->rx_buf = nb;
-    c->rx_cap = LANE_RX_START;
+}
+
+/* The put's deadline (its timeout_ms) passed with values still to come:
+ * what it reserved or staged expires now, the rest of its bytes go to the
+ * sink (the stream stays in step), and it is answered KVP_ERR_TIMEOUT once
+ * they are in. */
+static void put_expire(server_t *s, conn_t *c, put_ctx_t *pc, uint64_t now)
+{
+    if (!pc->expires_ns || now <= pc->expires_ns || pc->refuse != KVP_OK)
+        return;
+    kvp_warn_rl("server: conn %llu: a put's deadline (its request's timeout) passed with its values still "
+                "arriving; its reservations expire", (unsigned long long)c->id);
+    stage_free(s, pc);
+    for (uint32_t i = 0; i < pc->n; i++) {
+        if (pc->resv[i]) {
+            kvp__store_expire(s->store, pc->resv[i]);
+            pc->resv[i] = NULL;
+        }
+        pc->iov[i].buffer = s->discard;
+        pc->res[i].status = KVP_ERR_TIMEOUT;
+    }
+    pc->refuse = KVP_ERR_TIMEOUT;
+    atomic_fetch_add(&s->ctr.put_expired, 1);
+}
+
+/* A get's reply waiting, not begun, past its deadline: its leases end, and
+ * it goes as a KVP_ERR_TIMEOUT without values.  (One begun is finished:
+ * the stream cannot skip bytes.  Over UCX a reply is UCX's once sent.) */
+static void reply_expire(conn_t *c, reply_t *r, uint64_t now)
+{
+    if (!r->expires_ns || now <= r->expires_ns || r->tx.done || !r->nleases)
+        return;
+    kvp__reply_drop_leases(r);
+    r->w.len = 0;
+    kvp__wire_reply_status_encode(&r->w, r->op, r->req_id, KVP_ERR_TIMEOUT);
+    c->tx_bytes -= r->tx.total;
+    kvp__lane_tx_init(&r->tx, r->w.buf, (uint32_t)r->w.len, NULL, 0);
+    c->tx_bytes += r->tx.total;
+}
+
+/* Bytes of a put's values came. */
+static void put_progress(server_t *s, conn_t *c, int all_in)
+{
+    put_ctx_t *pc = c->rx_put;
+    c->rx_progress_ns = kvp__now_ns();
+    put_expire(s, c, pc, c->rx_progress_ns);
+    if (pc->staged >= 0 && c->rx.i > (uint32_t)pc->staged)
+        unstage(s, pc);
+    if (all_in)
+        put_done(s, c);
 }
 
 /* Reads what the socket has: frame heads, request headers, put values. */
 static void lane_rx(server_t *s, conn_t *c)
 {
     unsigned handled = 0;
+    kvp__lane_rx_t *rx = &c->rx;
     while (kvp__conn_live(c)) {
-        if (c->rx_put) {
-            if (read_values(s, c) < 0)
-                return;
-            continue;
-        }
-        if (c->rx_len == 0 && (c->tx_count >= LANE_TX_MAX_COUNT || c->tx_bytes >= LANE_TX_MAX_BYTES)) {
+        int idle = kvp__lane_rx_idle(rx);
+        if (idle && (c->tx_count >= LANE_TX_MAX_COUNT || c->tx_bytes >= LANE_TX_MAX_BYTES)) {
             /* Replies pile up unread: no more requests until they drain. */
             lane_watch(s, c, c->tx_wait, 1);
             return;
         }
-        if (c->rx_len == 0 && handled >= LANE_RX_BUDGET)
+        if (idle && handled >= LANE_RX_BUDGET)
             return; /* the rest next time round (the socket stays readable) */
-        size_t want = c->rx_len < KVP_LANE_HEAD ? KVP_LANE_HEAD : KVP_LANE_HEAD + (size_t)c->rx_hdr_len;
-        ssize_t k = recv(c->src.fd, c->rx_buf + c->rx_len, want - c->rx_len, MSG_DONTWAIT);
-        if (k <= 0) {
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return;
-            kvp__conn_kill(s, c, k == 0 ? (c->rx_len ? "client closed its connection mid-frame"
-                                                      : "client closed its connection")
-                                        : "receive failed");
-            return;
+        if (c->rx_put) {
+            decide_ahead(s, c, c->rx_put);
+            kvp__lane_rx_extend(rx, c->rx_put->decided);
         }
-        if (c->rx_len == 0)
+        kvp__lane_ev_t ev = kvp__lane_rx_step(rx, c->src.fd);
+        if (idle && ev != KVP_LANE_AGAIN && ev != KVP_LANE_EOF && ev != KVP_LANE_ERROR)
             c->rx_frame_ns = kvp__now_ns();
-        c->rx_len += (size_t)k;
-        if (c->rx_len < want)
-            continue;
-        if (want == KVP_LANE_HEAD) {
-            if (kvp__lane_head_decode(c->rx_buf, &c->rx_hdr_len, &c->rx_data_len) != 0) {
-                atomic_fetch_add(&s->ctr.bad_requests, 1);
-                kvp__conn_kill(s, c, "malformed frame head");
-                return;
-            }
-            if (rx_grow(s, c, KVP_LANE_HEAD + (size_t)c->rx_hdr_len) != 0) {
+        switch (ev) {
+        case KVP_LANE_AGAIN:
+            return;
+        case KVP_LANE_EOF:
+            kvp__conn_kill(s, c, c->rx_put ? "client closed its connection in the middle of a put"
+                                 : idle    ? "client closed its connection"
+                                           : "client closed its connection mid-frame");
+            return;
+        case KVP_LANE_ERROR:
+            kvp__conn_kill(s, c, "receive failed");
+            return;
+        case KVP_LANE_BAD:
+            atomic_fetch_add(&s->ctr.bad_requests, 1);
+            kvp__conn_kill(s, c, "malformed frame head");
+            return;
+        case KVP_LANE_HEAD_IN:
+            if (rx_grow(s, c, KVP_LANE_HEAD + (size_t)rx->hdr_len) != 0) {
                 kvp__conn_kill(s, c, "no memory for a request header");
                 return;
             }
-            continue;
+            break;
+        case KVP_LANE_PROGRESS:
+        case KVP_LANE_DATA_IN:
+            if (c->rx_put)
+                put_progress(s, c, ev == KVP_LANE_DATA_IN);
+            if (ev == KVP_LANE_DATA_IN && kvp__conn_live(c))
+                rx_shrink(s, c);
+            break;
+        case KVP_LANE_FRAME:
+            c->rx_frame_ns = 0;
+            handled++;
+            lane_request(s, c, kvp__lane_rx_header(rx), rx->hdr_len, rx->data_len);
+            if (kvp__conn_live(c) && !c->rx_put)
+                rx_shrink(s, c);
+            break;
         }
-        c->rx_len = 0;
-        c->rx_frame_ns = 0;
-        handled++;
-        lane_request(s, c, c->rx_buf + KVP_LANE_HEAD, c->rx_hdr_len, c->rx_data_len);
-        if (kvp__conn_live(c) && !c->rx_put)
-            rx_shrink(s, c);
     }
 }
 
@@ -419,20 +413,22 @@ void kvp__lane_drop(server_t *s, conn_t *c)
         kvp__reply_free(KVP_CONTAINER_OF(n, reply_t, link));
     c->tx_count = 0;
     c->tx_bytes = 0;
-    if (c->rx_buf) {
-        if (c->rx_cap > LANE_RX_START) {
-            s->hdr_bytes -= c->rx_cap - LANE_RX_START;
+    if (c->rx.buf) {
+        if (c->rx.cap > LANE_RX_START) {
+            s->hdr_bytes -= c->rx.cap - LANE_RX_START;
             atomic_store(&s->ctr.header_bytes, s->hdr_bytes);
         }
-        kvp__free(c->rx_buf, c->rx_cap);
-        c->rx_buf = NULL;
-        c->rx_cap = 0;
+        kvp__lane_rx_free(&c->rx);
     }
 }
 
 void kvp__lane_check(server_t *s, conn_t *c, uint64_t now)
 {
     uint64_t put_timeout = s->p.put_timeout_ns ? s->p.put_timeout_ns : 30ull * 1000000000ull;
+    if (c->rx_put)
+        put_expire(s, c, c->rx_put, now);
+    KVP_LIST_FOR_EACH(n, &c->tx)
+        reply_expire(c, KVP_CONTAINER_OF(n, reply_t, link), now);
     if (c->rx_put && now - c->rx_progress_ns > put_timeout) {
         atomic_fetch_add(&s->ctr.put_expired, 1);
         c->rx_put->expired = 1;

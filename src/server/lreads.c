@@ -171,31 +171,30 @@ void kvp__lr_destroy(server_t *s)
     kvp__list_init(&lr->by_age);
 }
 
-static void put_file(kvp__mpw_t *w, int fd, uint64_t size)
+/* A file as HELLO names it: its fd in this process, size, device, inode. */
+static void file_id(int fd, uint64_t size, uint64_t *fd_p, uint64_t *size_p, uint64_t *dev_p, uint64_t *ino_p)
 {
     struct stat st;
     if (fstat(fd, &st) != 0)
         memset(&st, 0, sizeof st);
-    kvp__mpw_uint(w, (uint64_t)fd);
-    kvp__mpw_uint(w, size);
-    kvp__mpw_uint(w, (uint64_t)st.st_dev);
-    kvp__mpw_uint(w, (uint64_t)st.st_ino);
+    *fd_p = (uint64_t)fd;
+    *size_p = size;
+    *dev_p = (uint64_t)st.st_dev;
+    *ino_p = (uint64_t)st.st_ino;
 }
 
-void kvp__lr_hello(server_t *s, conn_t *c, kvp__mpw_t *w)
+const kvp__wire_arena_t *kvp__lr_hello(server_t *s, conn_t *c, kvp__wire_arena_t *a)
 {
-    if (!lr_on(s) || !c->peer_local) {
-        kvp__mpw_nil(w);
-        return;
-    }
+    if (!lr_on(s) || !c->peer_local)
+        return NULL;
     void *base;
     size_t len;
     kvp__store_arena(s->store, &base, &len);
-    kvp__mpw_array(w, 10);
-    kvp__mpw_uint(w, (uint64_t)getpid());
-    put_file(w, kvp__store_arena_fd(s->store), len);
-    kvp__mpw_uint(w, s->p.no_prefault ? 0 : 1);
-    put_file(w, s->lr.fd, s->lr.size);
+    a->pid = (uint64_t)getpid();
+    file_id(kvp__store_arena_fd(s->store), len, &a->fd, &a->size, &a->dev, &a->ino);
+    a->populated = !s->p.no_prefault;
+    file_id(s->lr.fd, s->lr.size, &a->tfd, &a->tsize, &a->tdev, &a->tino);
+    return a;
 }
 
 void kvp__lr_prove(server_t *s, conn_t *c, const kvp_key_t *proof)
@@ -234,7 +233,7 @@ void kvp__lr_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         return;
     lgroup_t *g = kvp__malloc(sizeof *g + cap * sizeof g->leases[0]);
     if (!g) {
-        kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY, 0);
+        kvp__wire_reply_status_encode(&r->w, rq->op, rq->req_id, KVP_ERR_NO_MEMORY);
         kvp__reply_send(r);
         return;
     }
@@ -242,8 +241,7 @@ void kvp__lr_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
     void *arena = NULL;
     size_t arena_len = 0;
     kvp__store_arena(s->store, &arena, &arena_len);
-    kvp__wire_reply_begin(&r->w, rq->op, rq->req_id, KVP_OK, 3);
-    kvp__mpw_array(&r->w, n);
+    kvp__wire_reply_local_begin(&r->w, rq->req_id, n);
     for (uint32_t i = 0; i < n; i++) {
         const void *p;
         uint64_t size;
@@ -259,22 +257,18 @@ void kvp__lr_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq)
         } else if (l) {
             kvp__store_release(s->store, l);
         }
-        kvp__mpw_array(&r->w, 3);
-        kvp__mpw_int(&r->w, st);
-        kvp__mpw_uint(&r->w, size);
-        kvp__mpw_uint(&r->w, st == KVP_OK ? (uint64_t)((const uint8_t *)p - (const uint8_t *)arena) : 0);
+        kvp__wire_reply_local_item(&r->w, st, size,
+                                   st == KVP_OK ? (uint64_t)((const uint8_t *)p - (const uint8_t *)arena) : 0);
     }
     if (g->n == 0) {
         kvp__free(g, sizeof *g + g->cap * sizeof g->leases[0]);
-        kvp__mpw_uint(&r->w, 0);
-        kvp__mpw_uint(&r->w, 0);
+        kvp__wire_reply_local_end(&r->w, 0, 0);
         kvp__reply_send(r);
         return;
     }
     g->slot = lr->free_slots[--lr->nfree];
     g->expires_ns = kvp__now_ns() + LR_TTL_NS;
-    kvp__mpw_uint(&r->w, g->slot);
-    kvp__mpw_uint(&r->w, atomic_load_explicit(&lr->gen[g->slot], memory_order_relaxed));
+    kvp__wire_reply_local_end(&r->w, g->slot, atomic_load_explicit(&lr->gen[g->slot], memory_order_relaxed));
     lgroup_t **b = &lr->buckets[bucket(lr, c->id, g->req_id)];
     g->hnext = *b;
     *b = g;

@@ -14,6 +14,7 @@ struct kvp__metrics {
     struct MHD_Daemon *d;
     kvp__store_t *store;
     kvp__server_counters_t *c;
+    uint16_t port;
 };
 
 static const char *const g_op_names[KVP_WOP_MAX + 1] = {
@@ -211,9 +212,16 @@ kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__store_t *s
         kvp__free(m, sizeof *m);
         return KVP_ERR_IO;
     }
-    kvp_info("metrics: Prometheus text on http://%s:%u/metrics", host, port);
+    const union MHD_DaemonInfo *bound = MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_BIND_PORT);
+    m->port = bound && bound->port ? bound->port : port;
+    kvp_info("metrics: Prometheus text on http://%s:%u/metrics", host, m->port);
     *m_p = m;
     return KVP_OK;
+}
+
+uint16_t kvp__metrics_port(const kvp__metrics_t *m)
+{
+    return m->port;
 }
 
 void kvp__metrics_stop(kvp__metrics_t *m)

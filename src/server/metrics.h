@@ -48,10 +48,13 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
 enum { KVP_HS_DROP_TIMEOUT, KVP_HS_DROP_DISPLACED, KVP_HS_DROP_BAD };
 enum { KVP_REFUSE_MAX_CONNS, KVP_REFUSE_PER_SOURCE, KVP_REFUSE_DRAINING, KVP_REFUSE_FDS };
 
-/* Serves GET /metrics on host:port (an IPv4 address).  Its own thread
- * (epoll), at most 64 connections, each closed after 10 s idle. */
+/* Serves GET /metrics on host:port (an IPv4 address; port 0 = any free
+ * one).  Its own thread (epoll), at most 64 connections, each closed after
+ * 10 s idle. */
 kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__store_t *store, kvp__server_counters_t *c,
                                 kvp__metrics_t **m_p);
+/* The port it serves on (the chosen one when started with port 0). */
+uint16_t kvp__metrics_port(const kvp__metrics_t *m);
 void kvp__metrics_stop(kvp__metrics_t *m);
 
 #endif

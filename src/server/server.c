@@ -181,20 +181,29 @@ static kvp_status_t start_listener(server_t *s)
     return KVP_OK;
 }
 
-/* Writes the bound port to --port-file (atomically), once everything the
- * server serves is up: the file's appearance means ready. */
-static void write_port_file(const server_t *s)
+/* Writes a port to a file atomically (a temporary renamed over it): a
+ * reader never sees a partial number. */
+static void write_port(const char *path, uint16_t port)
 {
-    if (!s->p.port_file)
-        return;
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", s->p.port_file);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (f) {
-        fprintf(f, "%u\n", s->p.port);
+        fprintf(f, "%u\n", port);
         fclose(f);
-        rename(tmp, s->p.port_file);
+        rename(tmp, path);
     }
+}
+
+/* Writes the metrics port to --metrics-port-file, then the bound port to
+ * --port-file, once everything the server serves is up: the port file's
+ * appearance means ready. */
+static void write_port_files(const server_t *s)
+{
+    if (s->metrics && s->p.metrics_port_file)
+        write_port(s->p.metrics_port_file, kvp__metrics_port(s->metrics));
+    if (s->p.port_file)
+        write_port(s->p.port_file, s->p.port);
 }
 
 static void add_fd(server_t *s, evsrc_t *src, src_kind_t kind, int fd)
@@ -443,7 +452,7 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     st = start_listener(s);
     if (st != KVP_OK)
         goto err_addr;
-    if (params->metrics_port) {
+    if (params->metrics) {
         st = kvp__metrics_start(params->metrics_host ? params->metrics_host : params->host, params->metrics_port,
                                 s->store, &s->ctr, &s->metrics);
         if (st != KVP_OK)
@@ -460,7 +469,7 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
     add_fd(s, &s->worker_src, SRC_WORKER, wfd);
     struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &s->listen_src};
     epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->listen_src.fd, &lev);
-    write_port_file(s);
+    write_port_files(s);
     kvp_info("server: ready (arena %llu bytes, UCX transports %s%s, token %s, local reads %s, at most %u "
              "connections)",
              (unsigned long long)params->memory, kvp__ucx_transports(s->ctx),

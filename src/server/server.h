@@ -18,8 +18,10 @@ typedef struct kvp__server_params {
     uint64_t memory;            /* arena bytes */
     const char *token;          /* shared secret, NULL = none */
     uint64_t put_timeout_ns;
-    uint16_t metrics_port;      /* 0 = no metrics endpoint */
+    int metrics;                /* serve Prometheus text (GET /metrics) */
+    uint16_t metrics_port;      /* with metrics: 0 = any free port, written to metrics_port_file */
     const char *port_file;      /* if set, the bound port is written there once listening */
+    const char *metrics_port_file; /* if set, the metrics port is written there (before port_file) */
     const char *metrics_host;   /* NULL = host */
     uint32_t max_conns;         /* 0 = 1024 (clamped below the descriptor limit) */
     uint32_t max_conns_per_source; /* without a token: 0 = max_conns / 2; with one: no cap */

@@ -18,7 +18,7 @@
  * locks for itself).
  *
  * Trust.  Every byte from a socket or an active message is decoded by
- * kvpool's own bounded decoders (net/handshake.c, net/wire.c, net/lane.h)
+ * kvpool's own bounded decoders (net/handshake.c, net/wire.c, net/lane.c)
  * before use.  UCX never parses a client's address: the server's UCX has no
  * tcp (net/ucx.c), clients create the endpoints, and the server answers on
  * the reply endpoint of each request, which must be the one its connection
@@ -33,6 +33,7 @@
  *   a request header (TCP)       KVP_WIRE_HEADER_MAX, hdr_max LANE_FRAME_NS
  *   replies waiting (TCP)        LANE_TX_MAX_*               (backpressure)
  *   local-read leases            LR_GROUPS_MAX, bytes, keys  LR_TTL_NS
+ *   (and whatever a request holds past its timeout_ms goes: kvp__req_deadline)
  */
 #ifndef KVP_SERVER_SERVER_INT_H
 #define KVP_SERVER_SERVER_INT_H
@@ -45,6 +46,7 @@
 #include "net/handshake.h"
 #include "net/lane.h"
 #include "net/wire.h"
+#include "net/wire_reply.h"
 #include "server/metrics.h"
 #include "server/server.h"
 #include "store/store.h"
@@ -94,15 +96,9 @@ typedef struct conn {
     kvp__list_t in_datas;     /* UCX request headers being received (in_data_t.link) */
     uint64_t put_resv_bytes;  /* their reserved bytes */
     /* kvpool's TCP transport: frames on src.fd */
-    uint8_t *rx_buf;          /* frame head + request header being read */
-    size_t rx_cap, rx_len;
-    uint32_t rx_hdr_len;
-    uint64_t rx_data_len;     /* the frame's data bytes */
+    kvp__lane_rx_t rx;        /* frames in (rx.buf: NULL until the lane starts) */
     uint64_t rx_frame_ns;     /* when the frame being read began (0: between frames) */
-    struct put_ctx *rx_put;   /* a put whose values are being read */
-    uint64_t rx_left;         /* its bytes still to come */
-    uint32_t rx_i;            /* position in rx_put->iov */
-    size_t rx_off;
+    struct put_ctx *rx_put;   /* a put whose values are being read (into rx_put->iov) */
     uint64_t rx_progress_ns;  /* when its last bytes came */
     kvp__list_t tx;           /* replies waiting for the socket, in order (reply_t.link) */
     uint32_t tx_count;
@@ -132,8 +128,9 @@ typedef struct reply {
     ucp_dt_iov_t *iov;
     uint64_t t0;
     uint32_t op;
-    uint64_t tx_done;          /* TCP: bytes of the frame written */
-    uint8_t head[KVP_LANE_HEAD];
+    kvp__lane_tx_t tx;         /* TCP: its frame */
+    uint64_t req_id;           /* GET: the request's, and its deadline (0: none; see kvp__req_deadline) */
+    uint64_t expires_ns;
 } reply_t;
 
 /* A request header arriving as an active message's data (IN_DATA). */
@@ -153,7 +150,8 @@ typedef struct put_ctx {
     uint64_t req_id;
     uint32_t n;
     uint64_t t0;
-    uint64_t deadline_ns;   /* UCX: the values must have arrived by then */
+    uint64_t deadline_ns;   /* UCX: the values must have arrived by then (put_timeout, or the request's) */
+    uint64_t expires_ns;    /* the request's deadline (0: none) */
     kvp__resv_t **resv;     /* NULL entry: key not (yet) being stored */
     kvp_key_result_t *res;
     ucp_dt_iov_t *iov;      /* where each value goes */
@@ -162,7 +160,7 @@ typedef struct put_ctx {
     int abandoned;          /* UCX may still call back: the reservations are gone */
     int expired;            /* given up for put_timeout: counted as expired_put */
     /* TCP: values are reserved as the bytes come (lane.c) */
-    kvp_key_t *keys;        /* views into c->rx_buf */
+    kvp_key_t *keys;        /* views into c->rx.buf */
     uint32_t decided;       /* values [0, decided) have a destination */
     int64_t staged;         /* the value being staged, or -1 */
     void *stage;            /* its bytes (staged mapping) */
@@ -246,10 +244,19 @@ typedef struct server {
 #define LANE_RX_START 4096u                        /* a TCP connection's header buffer, grown as needed */
 #define LANE_FRAME_NS (5ull * 1000000000ull)       /* a frame's head and header must arrive within this */
 #define LANE_AHEAD (4ull << 20)                    /* TCP put bytes reserved ahead of those received */
-#define LANE_IOV_MAX 64
 #define LANE_RX_BUDGET 64u                         /* requests one wake-up reads from one connection */
 #define LANE_TX_MAX_COUNT 1024u                    /* replies waiting before the server stops reading */
 #define LANE_TX_MAX_BYTES (64ull << 20)
+
+/* A request's deadline on the server's clock: timeout_ms after it arrived
+ * (now), or 0 when timeout_ms is 0 (none).  The client's own deadline began
+ * when it sent the request, so this one passes a little after the client's:
+ * by then the client has given up, and what the server still holds for the
+ * request (a put's reservations, a get's leases) only blocks others. */
+static inline uint64_t kvp__req_deadline(const kvp__wire_req_t *rq, uint64_t now)
+{
+    return rq->timeout_ms ? now + (uint64_t)rq->timeout_ms * 1000000ull : 0;
+}
 
 /* A request of c begins, or ends (or is given up on); part: which kind
  * (s->inflight_puts, _replies, _in_data). */
@@ -277,9 +284,11 @@ void kvp__conns_destroy(server_t *s);
 reply_t *kvp__reply_new(server_t *s, conn_t *c, uint32_t op);
 void kvp__reply_send(reply_t *r);
 void kvp__reply_free(reply_t *r);
+/* Ends the leases a reply reads from (it carries no values any more). */
+void kvp__reply_drop_leases(reply_t *r);
 void kvp__reply_status(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, kvp_status_t st);
 void kvp__reply_results(server_t *s, conn_t *c, uint32_t op, uint64_t req_id, const kvp_key_result_t *res,
-                        uint32_t n, int sizes, uint64_t t0);
+                        uint32_t n, uint64_t t0);
 /* A decoded request of connection c (any op but PUT and IN_DATA). */
 void kvp__dispatch(server_t *s, conn_t *c, const kvp__wire_req_t *rq);
 /* Counts a PUT, applies its released field; the status to refuse it
@@ -300,14 +309,15 @@ void kvp__lane_queue(server_t *s, conn_t *c, reply_t *r);
  * it was given up for put_timeout), queued replies, buffers. */
 void kvp__lane_drop(server_t *s, conn_t *c);
 /* Deadlines of a TCP connection: a frame that does not complete, a put
- * that makes no progress. */
+ * that makes no progress, requests past their timeout_ms (see lane.c). */
 void kvp__lane_check(server_t *s, conn_t *c, uint64_t now);
 
 /* ---- lreads.c ---- */
 kvp_status_t kvp__lr_init(server_t *s);
 void kvp__lr_destroy(server_t *s);
-/* HELLO's arena field for c (nil unless c can map it). */
-void kvp__lr_hello(server_t *s, conn_t *c, kvp__mpw_t *w);
+/* HELLO's arena field for c, filled into *a: a, or NULL (nil) unless c
+ * can map it. */
+const kvp__wire_arena_t *kvp__lr_hello(server_t *s, conn_t *c, kvp__wire_arena_t *a);
 /* A HELLO carrying the proof that its client mapped the arena. */
 void kvp__lr_prove(server_t *s, conn_t *c, const kvp_key_t *proof);
 void kvp__lr_get(server_t *s, conn_t *c, const kvp__wire_req_t *rq);

@@ -28,16 +28,15 @@ typedef struct {
     uint16_t port;
     char uri[128];
     char dir[64];
-    uint16_t metrics_port;  /* set before server_start: serve Prometheus text there */
+    int metrics;            /* set before server_start: serve Prometheus text on a port the
+                             * server picks (--metrics-port 0), read into metrics_port */
+    uint16_t metrics_port;  /* with metrics: the port the server chose */
     const char *extra;      /* set before server_start: more server flags, space-separated
                              * (e.g. "--no-local-reads --put-timeout 2s") */
-    int start_retries;
     int nofile;             /* set before server_start: the server's descriptor limit (soft and hard) */
     const char *host;       /* set before server_start: listen address (default 127.0.0.1) */
     const char *netns;      /* set before server_start: run in this network namespace */
 } server_t;
-
-static inline uint16_t free_port(void);
 
 static inline void sleep_ms(int ms)
 {
@@ -55,10 +54,12 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         snprintf(s->dir, sizeof s->dir, "/tmp/kvp-test-XXXXXX");
         ASSERT(mkdtemp(s->dir) != NULL);
     }
-    char portfile[128], listen[64], tokfile[128];
+    char portfile[128], mportfile[128], listen[64], tokfile[128];
     snprintf(portfile, sizeof portfile, "%s/port", s->dir);
+    snprintf(mportfile, sizeof mportfile, "%s/metrics-port", s->dir);
     snprintf(tokfile, sizeof tokfile, "%s/token", s->dir);
     unlink(portfile);
+    unlink(mportfile);
     const char *host = s->host ? s->host : "127.0.0.1";
     snprintf(listen, sizeof listen, "%s:%u", host, port);
     if (token) {
@@ -78,8 +79,6 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         int logfd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (!getenv("KVP_TEST_SERVER_LOG") && logfd >= 0)
             dup2(logfd, 2);
-        char mport[16];
-        snprintf(mport, sizeof mport, "%u", s->metrics_port);
         if (s->nofile) {
             struct rlimit rl = {(rlim_t)s->nofile, (rlim_t)s->nofile};
             setrlimit(RLIMIT_NOFILE, &rl);
@@ -99,9 +98,11 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
             argv[argc++] = "--token-file";
             argv[argc++] = tokfile;
         }
-        if (s->metrics_port) {
+        if (s->metrics) {
             argv[argc++] = "--metrics-port";
-            argv[argc++] = mport;
+            argv[argc++] = "0";
+            argv[argc++] = "--metrics-port-file";
+            argv[argc++] = mportfile;
         }
         static char extra[512];
         snprintf(extra, sizeof extra, "%s", s->extra ? s->extra : "");
@@ -117,6 +118,12 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         if (f && fscanf(f, "%u", &p) == 1) {
             fclose(f);
             s->port = (uint16_t)p;
+            if (s->metrics) { /* written before the port file */
+                f = fopen(mportfile, "r");
+                ASSERT_MSG(f && fscanf(f, "%u", &p) == 1 && p > 0 && p < 65536, "no metrics port in %s", mportfile);
+                fclose(f);
+                s->metrics_port = (uint16_t)p;
+            }
             snprintf(s->uri, sizeof s->uri, "kvpool://%s:%u?timeout=%s", host, s->port,
                      getenv("KVP_TEST_CALL_TIMEOUT") ? getenv("KVP_TEST_CALL_TIMEOUT") : "30s");
             return;
@@ -124,23 +131,16 @@ static inline void server_start(server_t *s, const char *memory, uint16_t port, 
         if (f)
             fclose(f);
         int st;
-        if (waitpid(s->pid, &st, WNOHANG) != 0) {
-            /* Its metrics port, free when picked, may have been taken
-             * since by another test: pick again (a few times). */
-            ASSERT_MSG(s->metrics_port && s->start_retries++ < 5, "server exited at start");
-            s->metrics_port = free_port();
-            server_start(s, memory, port, token);
-            return;
-        }
+        ASSERT_MSG(waitpid(s->pid, &st, WNOHANG) == 0, "server exited at start");
         sleep_ms(10);
     }
     ASSERT_MSG(0, "server did not start");
 }
 
-/* A server with a metrics endpoint on a free port, no token. */
+/* A server with a metrics endpoint on a port it picks, no token. */
 static inline void server_start_metrics(server_t *s, const char *memory)
 {
-    s->metrics_port = free_port();
+    s->metrics = 1;
     server_start(s, memory, 0, NULL);
 }
 
@@ -160,7 +160,7 @@ static inline void server_postmortem(server_t *s, int st, int sig)
 /* Removes the server's directory (port file, log, token). */
 static inline void server_dir_remove(server_t *s)
 {
-    const char *files[] = {"port", "port.tmp", "server.log", "token"};
+    const char *files[] = {"port", "port.tmp", "metrics-port", "metrics-port.tmp", "server.log", "token"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char f[160];
         snprintf(f, sizeof f, "%s/%s", s->dir, files[i]);
@@ -330,17 +330,6 @@ static inline void lane_expect_closed(int fd)
     kvp_status_t st;
     ASSERT_EQ(lane_raw_next(fd, &op, &st), 0);
     close(fd);
-}
-
-static inline uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
-    socklen_t sl = sizeof sa;
-    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ASSERT_EQ(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
 }
 
 /* GET /metrics; returns the body (malloc'd) or NULL. */

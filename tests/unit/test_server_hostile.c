@@ -377,7 +377,7 @@ TEST(test_m2_ucx_listens_nowhere_and_requests_must_use_their_endpoint)
  * the endpoint again: ASan watches), aborts the put, and serves on. */
 TEST(test_ucx_transfer_failure_ends_the_connection_not_the_server)
 {
-    server_t s = {0};
+    server_t s = {.extra = "--log-level info"};
     server_start_metrics(&s, "64MiB");
     healthy_t h;
     healthy_start(&h, s.uri, 9);
@@ -396,6 +396,12 @@ TEST(test_ucx_transfer_failure_ends_the_connection_not_the_server)
         void *src = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         ASSERT(src != MAP_FAILED);
         memset(src, 7, sz);
+        /* The values are gone before the server reads them: the pages are
+         * made unreadable before the request goes out (UCX's rendezvous
+         * sender never touches them; the server's read of them fails).
+         * Not munmap: the range could be mapped again by the next
+         * allocation and the server would read, and store, what lies there. */
+        ASSERT_EQ(mprotect(src, sz, PROT_NONE), 0);
         uint8_t buf[128];
         kvp__mpw_t w;
         kvp__mpw_init(&w, buf, sizeof buf);
@@ -405,18 +411,28 @@ TEST(test_ucx_transfer_failure_ends_the_connection_not_the_server)
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                    .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV};
         ucs_status_ptr_t sp = ucp_am_send_nbx(ep, KVP_AM_REQUEST, w.buf, w.len, src, sz, &prm);
-        ucp_worker_progress(u.worker); /* the request goes out; its values stay here */
-        munmap(src, sz);               /* ... and are gone before the server reads them */
         (void)rawucx_replies(&u, 300);
         if (sp && !UCS_PTR_IS_ERR(sp))
             ucp_request_free(sp);
         close(a.fd);
         free(a.addr);
         kvp__ucx_close(u.ctx, u.worker);
+        munmap(src, sz);
         ASSERT_EQ(metric_until(&s, "kvpool_objects{state=\"reserved\"}", 0, 5000), 0);
     }
     kvp_pool_t *p = open_ok(s.uri);
     ASSERT_EQ(check_pattern(p, "gone-before-read", 1u << 20, 7), 0); /* never stored */
+    /* ... because the server's read failed (not because the put never
+     * reached it) */
+    char logf[160], line[512];
+    snprintf(logf, sizeof logf, "%s/server.log", s.dir);
+    FILE *f = fopen(logf, "r");
+    ASSERT(f != NULL);
+    int failed = 0;
+    while (fgets(line, sizeof line, f))
+        failed += strstr(line, "a UCX transfer failed") != NULL;
+    fclose(f);
+    ASSERT_MSG(failed >= 1, "no put reached the server's failing read");
     assert_alive(&s);
     end_clean(&s, &h, 2, p);
 }
@@ -484,7 +500,7 @@ TEST(test_h2_writers_killed_mid_put_leave_no_reservation_or_connection)
      * without leak detection (every other keeps it). */
     if (getenv("KVP_SANITIZE"))
         setenv("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1", 1);
-    s.metrics_port = free_port();
+    s.metrics = 1;
     s.extra = "--put-timeout 2s";
     /* (UCX says at exit which requests to dead peers it still held: many) */
     setenv("UCX_LOG_LEVEL", "error", 1);
@@ -755,7 +771,7 @@ static void put_big(kvp_pool_t *p, const char *name, size_t size, uint32_t k)
 TEST(test_m3_stalled_tcp_put_evicts_nothing_and_expires)
 {
     server_t s = {0};
-    s.metrics_port = free_port();
+    s.metrics = 1;
     s.extra = "--put-timeout 2s";
     server_start(&s, "64MiB", 0, NULL);
     kvp_pool_t *p = open_ok(s.uri);
@@ -1329,7 +1345,7 @@ TEST(test_network_listener_needs_a_token_and_binds_only_its_address)
     server_t s = {0};
     s.netns = ns;
     s.host = host;
-    s.metrics_port = free_port();
+    s.metrics = 1;
     server_start(&s, "16MiB", 0, "netsecret");
     char socks[16][64], want[64], wantm[64];
     int n = listening(s.pid, ns, socks, 16);

@@ -1,5 +1,6 @@
 /*
- * Mooncake-store keys (include/kvpool/hash.h, connectors-spec §2.3):
+ * Mooncake-store keys (include/kvpool/kv_connector.h, "Store keys";
+ * connectors-spec §2.3):
  *
  *   [cache_prefix@]model@tp_rank:T@pcp<P>@dcp<D>@pp_rank:<PP>@group:<G>@<hex>
  *
@@ -9,7 +10,7 @@
  * may not (format refuses such a model, so format -> parse always
  * round-trips).
  */
-#include "kvpool/hash.h"
+#include "kvpool/kv_connector.h"
 
 #include <string.h>
 
@@ -61,7 +62,7 @@ static void out_u32(out_t *o, uint32_t v)
     out_mem(o, r, n);
 }
 
-kvp_status_t kvp_store_key_format(const kvp_store_key_t *key, char *buf, size_t buf_size,
+kvp_status_t kvp_kv_store_key_format(const kvp_kv_store_key_t *key, char *buf, size_t buf_size,
                                   size_t *len_p)
 {
     if (!key || (!buf && buf_size)) {
@@ -79,8 +80,8 @@ kvp_status_t kvp_store_key_format(const kvp_store_key_t *key, char *buf, size_t 
         return KVP_ERR_NULL_POINTER;
     }
     /* Lengths first: the contents are only read within bounds. */
-    if (prefix_len > KVP_STORE_KEY_MAX || key->model_name_len > KVP_STORE_KEY_MAX) {
-        kvp_error("store_key: format: key longer than %u bytes", KVP_STORE_KEY_MAX);
+    if (prefix_len > KVP_KV_STORE_KEY_MAX || key->model_name_len > KVP_KV_STORE_KEY_MAX) {
+        kvp_error("store_key: format: key longer than %u bytes", KVP_KV_STORE_KEY_MAX);
         return KVP_ERR_KEY_LENGTH;
     }
     if (key->model_name_len == 0 || memchr(key->model_name, '@', key->model_name_len) ||
@@ -100,7 +101,7 @@ kvp_status_t kvp_store_key_format(const kvp_store_key_t *key, char *buf, size_t 
         return KVP_ERR_INVALID_ARG;
     }
 
-    char tmp[KVP_STORE_KEY_MAX];
+    char tmp[KVP_KV_STORE_KEY_MAX];
     out_t o = {tmp, 0, sizeof tmp, 0};
     if (prefix_len) {
         out_mem(&o, prefix, prefix_len);
@@ -123,7 +124,7 @@ kvp_status_t kvp_store_key_format(const kvp_store_key_t *key, char *buf, size_t 
         out_mem(&o, h, 2);
     }
     if (o.overflow) {
-        kvp_error("store_key: format: key longer than %u bytes", KVP_STORE_KEY_MAX);
+        kvp_error("store_key: format: key longer than %u bytes", KVP_KV_STORE_KEY_MAX);
         return KVP_ERR_KEY_LENGTH;
     }
     if (len_p)
@@ -178,28 +179,28 @@ static int prev_segment(const char *s, size_t *end_p, const char **seg_p, size_t
     return 0;
 }
 
-kvp_status_t kvp_store_key_parse(const char *str, size_t len, kvp_store_key_t *key_p)
+kvp_status_t kvp_kv_store_key_parse(const char *str, size_t len, kvp_kv_store_key_t *key_p)
 {
     static const struct {
         const char *label;
         size_t off;
     } fields[] = {
         /* right to left */
-        {"group:", offsetof(kvp_store_key_t, group_id)},
-        {"pp_rank:", offsetof(kvp_store_key_t, pp_rank)},
-        {"dcp", offsetof(kvp_store_key_t, dcp_rank)},
-        {"pcp", offsetof(kvp_store_key_t, pcp_rank)},
-        {"tp_rank:", offsetof(kvp_store_key_t, tp_rank)},
+        {"group:", offsetof(kvp_kv_store_key_t, group_id)},
+        {"pp_rank:", offsetof(kvp_kv_store_key_t, pp_rank)},
+        {"dcp", offsetof(kvp_kv_store_key_t, dcp_rank)},
+        {"pcp", offsetof(kvp_kv_store_key_t, pcp_rank)},
+        {"tp_rank:", offsetof(kvp_kv_store_key_t, tp_rank)},
     };
     if (!str || !key_p) {
         kvp_error("store_key: parse: NULL %s", !str ? "str" : "key_p");
         return KVP_ERR_NULL_POINTER;
     }
-    if (len == 0 || len > KVP_STORE_KEY_MAX) {
-        kvp_error("store_key: parse: key length %zu is not 1..%u", len, KVP_STORE_KEY_MAX);
+    if (len == 0 || len > KVP_KV_STORE_KEY_MAX) {
+        kvp_error("store_key: parse: key length %zu is not 1..%u", len, KVP_KV_STORE_KEY_MAX);
         return KVP_ERR_KEY_LENGTH;
     }
-    kvp_store_key_t k;
+    kvp_kv_store_key_t k;
     memset(&k, 0, sizeof k);
     size_t end = len;
     const char *seg;
@@ -265,7 +266,7 @@ kvp_status_t kvp_store_key_parse(const char *str, size_t len, kvp_store_key_t *k
     return KVP_OK;
 }
 
-kvp_status_t kvp_store_key_model_name(const char *path, size_t len, const char **name_p,
+kvp_status_t kvp_kv_store_key_model_name(const char *path, size_t len, const char **name_p,
                                       size_t *name_len_p)
 {
     if (!path || !name_p || !name_len_p) {
@@ -288,7 +289,7 @@ kvp_status_t kvp_store_key_model_name(const char *path, size_t len, const char *
     return KVP_OK;
 }
 
-kvp_status_t kvp_store_key_replication_factor(kvp_kv_group_kind_t kind, uint32_t tp_size,
+kvp_status_t kvp_kv_store_key_replication_factor(kvp_kv_group_kind_t kind, uint32_t tp_size,
                                               uint32_t num_kv_heads, uint32_t dcp_size,
                                               uint32_t *factor_p)
 {
@@ -296,10 +297,10 @@ kvp_status_t kvp_store_key_replication_factor(kvp_kv_group_kind_t kind, uint32_t
         kvp_error("store_key: replication_factor: factor_p is NULL");
         return KVP_ERR_NULL_POINTER;
     }
+    bool attention = kind == KVP_KV_GROUP_FULL_ATTENTION || kind == KVP_KV_GROUP_SLIDING_WINDOW;
     if (tp_size == 0 || dcp_size == 0 ||
-        (kind != KVP_KV_GROUP_ATTENTION && kind != KVP_KV_GROUP_MLA &&
-         kind != KVP_KV_GROUP_MAMBA) ||
-        (kind == KVP_KV_GROUP_ATTENTION && num_kv_heads == 0)) {
+        (!attention && kind != KVP_KV_GROUP_MLA && kind != KVP_KV_GROUP_MAMBA) ||
+        (attention && num_kv_heads == 0)) {
         kvp_error("store_key: replication_factor: kind %d, tp_size %u, num_kv_heads %u, "
                   "dcp_size %u",
                   (int)kind, tp_size, num_kv_heads, dcp_size);
