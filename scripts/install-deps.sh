@@ -6,7 +6,7 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config clang-14 libclang-rt-14-dev
-libssl-dev libxxhash-dev libmsgpack-dev libcjson-dev
+libssl-dev libxxhash-dev
 libucx-dev libmicrohttpd-dev libhiredis-dev
 python3 python3-cbor2 python3-xxhash"
 

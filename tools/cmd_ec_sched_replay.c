@@ -18,10 +18,10 @@
 #include "commands.h"
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/strmap.h"
 #include "ec/ec_json.h"
-#include "ec/ec_map.h"
-#include "support/ec_scripted.h"
 #include "kvpool/ec_connector.h"
+#include "support/ec_scripted.h"
 
 #define MAX_DEPTH 32
 
@@ -41,8 +41,8 @@ typedef struct {
     kvp__ec_sexec_t exec;
     kvp__ec_sctl_t ctl;
     kvp__ec_sinbox_t inbox;
-    kvp__ec_map_t reqs; /* rid -> rreq_t */
-    kvp__ec_buf_t last_table;
+    kvp__strmap_t reqs; /* rid -> rreq_t */
+    kvp__jw_t last_table;
     bool have_table_printed;
     uint64_t last_version;
     const char *seed_err; /* exception name for E_SEED */
@@ -92,10 +92,10 @@ static bool is_strs(const kvp_ec_value_t *f)
 
 static void params_clear(kvp_ec_transfer_params_t *p)
 {
-    kvp__ec_strfree((char *)p->consumer_zmq);
+    kvp__strfree((char *)p->consumer_zmq);
     for (size_t i = 0; i < p->n_items; i++) {
-        kvp__ec_strfree((char *)p->items[i].mm_hash);
-        kvp__ec_strfree((char *)p->items[i].transfer_id);
+        kvp__strfree((char *)p->items[i].mm_hash);
+        kvp__strfree((char *)p->items[i].transfer_id);
     }
     if (p->items)
         kvp__free((void *)p->items, p->n_items * sizeof *p->items);
@@ -105,8 +105,8 @@ static void params_clear(kvp_ec_transfer_params_t *p)
 static void feats_free(kvp_ec_feature_t *f, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        kvp__ec_strfree((char *)f[i].identifier);
-        kvp__ec_strfree((char *)f[i].modality);
+        kvp__strfree((char *)f[i].identifier);
+        kvp__strfree((char *)f[i].modality);
     }
     if (f)
         kvp__free(f, n * sizeof *f);
@@ -114,7 +114,7 @@ static void feats_free(kvp_ec_feature_t *f, size_t n)
 
 static void rreq_free(rreq_t *r)
 {
-    kvp__ec_strfree(r->rid);
+    kvp__strfree(r->rid);
     feats_free(r->feats, r->n_feats);
     params_clear(&r->params);
     kvp__free(r, sizeof *r);
@@ -122,7 +122,7 @@ static void rreq_free(rreq_t *r)
 
 static char *dup_or_null(const kvp_ec_value_t *v)
 {
-    return (v && v->type == KVP_EC_V_STR) ? kvp__ec_strdup(v->u.str.ptr) : NULL;
+    return (v && v->type == KVP_EC_V_STR) ? kvp__strdup(v->u.str.ptr) : NULL;
 }
 
 static err_t op_req(replay_t *rp, const kvp_ec_value_t *ev)
@@ -168,7 +168,7 @@ static err_t op_req(replay_t *rp, const kvp_ec_value_t *ev)
             }
         }
     }
-    rreq_t *r = kvp__ec_map_gets(&rp->reqs, rid);
+    rreq_t *r = kvp__strmap_gets(&rp->reqs, rid);
     if (!r && !fl)
         return E_BAD;
     if (fl) {
@@ -181,14 +181,14 @@ static err_t op_req(replay_t *rp, const kvp_ec_value_t *ev)
             feats[i].num_embeds = feats[i].length;
             if (field(f, "num_embeds"))
                 get_nat(f, "num_embeds", &feats[i].num_embeds);
-            feats[i].identifier = kvp__ec_strdup(get_str(f, "identifier"));
-            feats[i].modality = kvp__ec_strdup(get_str(f, "modality"));
+            feats[i].identifier = kvp__strdup(get_str(f, "identifier"));
+            feats[i].modality = kvp__strdup(get_str(f, "modality"));
         }
     }
     if (!r) {
         r = kvp__calloc(1, sizeof *r);
-        r->rid = kvp__ec_strdup(rid);
-        kvp__ec_map_put(&rp->reqs, r->rid, strlen(r->rid), r);
+        r->rid = kvp__strdup(rid);
+        kvp__strmap_put(&rp->reqs, r->rid, strlen(r->rid), r);
     }
     if (fl) {
         feats_free(r->feats, r->n_feats);
@@ -221,7 +221,7 @@ static err_t lookup_req(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_request_t
     const char *rid = get_str(ev, "req_id");
     if (!rid)
         return E_BAD;
-    rreq_t *r = kvp__ec_map_gets(&rp->reqs, rid);
+    rreq_t *r = kvp__strmap_gets(&rp->reqs, rid);
     if (!r)
         return E_UNKNOWN_REQ;
     view->request_id = r->rid;
@@ -233,29 +233,29 @@ static err_t lookup_req(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_request_t
 
 /* ---- output helpers ------------------------------------------------------- */
 
-#define PUTS(b, s) kvp__ec_buf_puts(b, s)
+#define PUTS(b, s) kvp__jw_puts(b, s)
 
-static void put_str(kvp__ec_buf_t *b, const char *s) { kvp__ec_buf_jstr(b, s, strlen(s)); }
+static void put_str(kvp__jw_t *b, const char *s) { kvp__jw_str(b, s, strlen(s)); }
 
-static void put_shape(kvp__ec_buf_t *b, const int64_t *shape, size_t n)
+static void put_shape(kvp__jw_t *b, const int64_t *shape, size_t n)
 {
     PUTS(b, "[");
     for (size_t i = 0; i < n; i++) {
         if (i)
             PUTS(b, ",");
-        kvp__ec_buf_int(b, shape[i]);
+        kvp__jw_int(b, shape[i]);
     }
     PUTS(b, "]");
 }
 
 static int table_cb(void *ctx, const kvp_ec_record_view_t *r)
 {
-    kvp__ec_buf_t *b = ctx;
+    kvp__jw_t *b = ctx;
     if (b->len > 1)
         PUTS(b, ",");
     PUTS(b, "{\"deadline\":");
     if (r->has_deadline)
-        kvp__ec_buf_int(b, r->deadline_ms);
+        kvp__jw_int(b, r->deadline_ms);
     else
         PUTS(b, "null");
     PUTS(b, ",\"mm_hash\":");
@@ -271,28 +271,28 @@ static int table_cb(void *ctx, const kvp_ec_record_view_t *r)
 }
 
 /* Appends `,"table":[...]` to out when the table differs from the last one printed. */
-static void maybe_table(replay_t *rp, kvp__ec_buf_t *out)
+static void maybe_table(replay_t *rp, kvp__jw_t *out)
 {
     uint64_t v = kvp_ec_sched_table_version(rp->s);
     if (v == rp->last_version)
         return;
     rp->last_version = v;
-    kvp__ec_buf_t t;
-    kvp__ec_buf_init(&t);
+    kvp__jw_t t;
+    kvp__jw_init(&t);
     PUTS(&t, "[");
     kvp_ec_sched_table_visit(rp->s, table_cb, &t);
     PUTS(&t, "]");
     if (rp->last_table.len == t.len && !memcmp(rp->last_table.p, t.p, t.len)) {
-        kvp__ec_buf_cleanup(&t);
+        kvp__jw_cleanup(&t);
         return;
     }
     PUTS(out, ",\"table\":");
-    kvp__ec_buf_put(out, t.p, t.len);
-    kvp__ec_buf_cleanup(&rp->last_table);
+    kvp__jw_put(out, t.p, t.len);
+    kvp__jw_cleanup(&rp->last_table);
     rp->last_table = t;
 }
 
-static void put_cancels(replay_t *rp, kvp__ec_buf_t *out, uint64_t first_job)
+static void put_cancels(replay_t *rp, kvp__jw_t *out, uint64_t first_job)
 {
     PUTS(out, "\"cancels\":[");
     for (uint64_t j = first_job; j <= kvp__ec_sexec_count(&rp->exec); j++) {
@@ -302,7 +302,7 @@ static void put_cancels(replay_t *rp, kvp__ec_buf_t *out, uint64_t first_job)
         PUTS(out, "{\"addr\":");
         put_str(out, job->addr);
         PUTS(out, ",\"job\":");
-        kvp__ec_buf_int(out, (int64_t)j);
+        kvp__jw_int(out, (int64_t)j);
         PUTS(out, ",\"transfer_id\":");
         put_str(out, job->tid);
         PUTS(out, "}");
@@ -312,8 +312,8 @@ static void put_cancels(replay_t *rp, kvp__ec_buf_t *out, uint64_t first_job)
 
 /* A hook finished: on error set rp->seed_err and return E_SEED; else write
  * {"cancels":...,"ret":<ret>,"table":...} (plus a prefix for close). */
-static err_t hook_done(replay_t *rp, kvp_status_t st, kvp__ec_buf_t *out, const char *prefix, uint64_t first_job,
-                       const kvp__ec_buf_t *ret)
+static err_t hook_done(replay_t *rp, kvp_status_t st, kvp__jw_t *out, const char *prefix, uint64_t first_job,
+                       const kvp__jw_t *ret)
 {
     if (st != KVP_OK) {
         kvp_ec_error_t e = kvp_ec_sched_error(rp->s);
@@ -325,7 +325,7 @@ static err_t hook_done(replay_t *rp, kvp_status_t st, kvp__ec_buf_t *out, const 
         PUTS(out, prefix);
     put_cancels(rp, out, first_job);
     PUTS(out, ",\"ret\":");
-    kvp__ec_buf_put(out, ret->p, ret->len);
+    kvp__jw_put(out, ret->p, ret->len);
     maybe_table(rp, out);
     PUTS(out, "}");
     return E_NONE;
@@ -340,7 +340,7 @@ static int cmp_first_str(const void *a, const void *b)
 
 /* ---- ops -------------------------------------------------------------------- */
 
-static err_t op_run_job(replay_t *rp, const kvp_ec_value_t *ev, kvp__ec_buf_t *out)
+static err_t op_run_job(replay_t *rp, const kvp_ec_value_t *ev, kvp__jw_t *out)
 {
     int64_t job;
     if (!get_int(ev, "job", &job))
@@ -386,7 +386,7 @@ static err_t op_run_job(replay_t *rp, const kvp_ec_value_t *ev, kvp__ec_buf_t *o
             dv[i].n = d->u.arr.n;
             dv[i].addrs = kvp__calloc(dv[i].n, sizeof *dv[i].addrs);
             for (size_t k = 0; k < dv[i].n; k++)
-                dv[i].addrs[k] = kvp__ec_strdup(d->u.arr.items[k].u.str.ptr);
+                dv[i].addrs[k] = kvp__strdup(d->u.arr.items[k].u.str.ptr);
         }
     }
     for (size_t i = 0; i < nr; i++) {
@@ -434,7 +434,7 @@ static err_t op_run_job(replay_t *rp, const kvp_ec_value_t *ev, kvp__ec_buf_t *o
     return E_NONE;
 }
 
-static void put_meta(kvp__ec_buf_t *b, const kvp_ec_meta_t *m)
+static void put_meta(kvp__jw_t *b, const kvp_ec_meta_t *m)
 {
     PUTS(b, "{\"freed\":[");
     for (size_t i = 0; i < m->n_freed; i++) {
@@ -452,9 +452,9 @@ static void put_meta(kvp__ec_buf_t *b, const kvp_ec_meta_t *m)
         PUTS(b, l->local ? ",\"local\":true,\"mm_hash\":" : ",\"local\":false,\"mm_hash\":");
         put_str(b, l->mm_hash);
         PUTS(b, ",\"nbytes\":");
-        kvp__ec_buf_int(b, l->nbytes);
+        kvp__jw_int(b, l->nbytes);
         PUTS(b, ",\"num_token\":");
-        kvp__ec_buf_int(b, l->num_token);
+        kvp__jw_int(b, l->num_token);
         PUTS(b, ",\"shape\":");
         put_shape(b, l->shape, l->ndim);
         PUTS(b, ",\"transfer_id\":");
@@ -473,7 +473,7 @@ static void put_meta(kvp__ec_buf_t *b, const kvp_ec_meta_t *m)
         PUTS(b, ",\"mm_hash\":");
         put_str(b, p->mm_hash);
         PUTS(b, ",\"nbytes\":");
-        kvp__ec_buf_int(b, p->nbytes);
+        kvp__jw_int(b, p->nbytes);
         PUTS(b, ",\"request_id\":");
         put_str(b, p->request_id);
         PUTS(b, ",\"shape\":");
@@ -496,7 +496,7 @@ static void put_meta(kvp__ec_buf_t *b, const kvp_ec_meta_t *m)
         PUTS(b, ":{\"dtype\":");
         put_str(b, ord[i]->spec.dtype);
         PUTS(b, ",\"nbytes\":");
-        kvp__ec_buf_int(b, ord[i]->spec.nbytes);
+        kvp__jw_int(b, ord[i]->spec.nbytes);
         PUTS(b, ",\"shape\":");
         put_shape(b, ord[i]->spec.shape, ord[i]->spec.ndim);
         PUTS(b, "}");
@@ -506,7 +506,7 @@ static void put_meta(kvp__ec_buf_t *b, const kvp_ec_meta_t *m)
     PUTS(b, "}}");
 }
 
-static void put_finished(kvp__ec_buf_t *b, const kvp_ec_finished_t *f)
+static void put_finished(kvp__jw_t *b, const kvp_ec_finished_t *f)
 {
     PUTS(b, "[false,");
     if (!f->has_items) {
@@ -524,11 +524,11 @@ static void put_finished(kvp__ec_buf_t *b, const kvp_ec_finished_t *f)
             PUTS(b, ",");
         put_str(b, ord[i]->identifier);
         PUTS(b, ":{\"metadata\":{\"length\":");
-        kvp__ec_buf_int(b, ord[i]->length);
+        kvp__jw_int(b, ord[i]->length);
         PUTS(b, ",\"modality\":");
         put_str(b, ord[i]->modality);
         PUTS(b, ",\"offset\":");
-        kvp__ec_buf_int(b, ord[i]->offset);
+        kvp__jw_int(b, ord[i]->offset);
         PUTS(b, "}");
         if (ord[i]->transfer_id) {
             PUTS(b, ",\"transfer_id\":");
@@ -556,16 +556,16 @@ static char **strs_dedup(const kvp_ec_value_t *f, size_t *n_p)
 {
     size_t n = f->u.arr.n, k = 0;
     char **v = n ? kvp__calloc(n, sizeof *v) : NULL;
-    kvp__ec_map_t seen;
-    kvp__ec_map_init(&seen);
+    kvp__strmap_t seen;
+    kvp__strmap_init(&seen);
     for (size_t i = 0; i < n; i++) {
         const char *s = f->u.arr.items[i].u.str.ptr;
-        if (kvp__ec_map_gets(&seen, s))
+        if (kvp__strmap_gets(&seen, s))
             continue;
-        kvp__ec_map_put(&seen, s, strlen(s), (void *)s);
-        v[k++] = kvp__ec_strdup(s);
+        kvp__strmap_put(&seen, s, strlen(s), (void *)s);
+        v[k++] = kvp__strdup(s);
     }
-    kvp__ec_map_cleanup(&seen);
+    kvp__strmap_cleanup(&seen);
     if (k < n && k) {
         char **nv = kvp__realloc(v, n * sizeof *v, k * sizeof *v);
         if (nv)
@@ -578,7 +578,7 @@ static char **strs_dedup(const kvp_ec_value_t *f, size_t *n_p)
     return v;
 }
 
-static err_t handle(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_value_t *ev_mut, kvp__ec_buf_t *out)
+static err_t handle(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_value_t *ev_mut, kvp__jw_t *out)
 {
     if (ev->type != KVP_EC_V_OBJECT)
         return E_BAD;
@@ -590,8 +590,8 @@ static err_t handle(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_value_t *ev_m
     if (!opv || opv->type != KVP_EC_V_STR)
         return E_BAD;
     const char *op = opv->u.str.ptr;
-    kvp__ec_buf_t ret;
-    kvp__ec_buf_init(&ret);
+    kvp__jw_t ret;
+    kvp__jw_init(&ret);
     uint64_t first_job = kvp__ec_sexec_count(&rp->exec) + 1;
     err_t e = E_NONE;
     kvp_status_t st = KVP_OK;
@@ -716,20 +716,20 @@ static err_t handle(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_value_t *ev_m
         e = hook_done(rp, st, out, NULL, first_job, &ret);
     } else if (!strcmp(op, "close")) {
         kvp_ec_sched_close(rp->s);
-        kvp__ec_buf_t pre;
-        kvp__ec_buf_init(&pre);
+        kvp__jw_t pre;
+        kvp__jw_init(&pre);
         PUTS(&pre, "\"cancelled_jobs\":[");
         for (size_t i = 0; i < rp->exec.n_cancelled; i++) {
             if (i)
                 PUTS(&pre, ",");
-            kvp__ec_buf_int(&pre, (int64_t)rp->exec.cancelled[i]);
+            kvp__jw_int(&pre, (int64_t)rp->exec.cancelled[i]);
         }
         PUTS(&pre, "],");
         PUTS(&pre, "");
-        kvp__ec_buf_put(&pre, "", 1);
+        kvp__jw_put(&pre, "", 1);
         PUTS(&ret, "null");
         e = hook_done(rp, KVP_OK, out, pre.p, first_job, &ret);
-        kvp__ec_buf_cleanup(&pre);
+        kvp__jw_cleanup(&pre);
         /* the cancelled list belongs to this close only */
         if (rp->exec.cancelled)
             kvp__free(rp->exec.cancelled, rp->exec.n_cancelled * sizeof *rp->exec.cancelled);
@@ -738,7 +738,7 @@ static err_t handle(replay_t *rp, const kvp_ec_value_t *ev, kvp_ec_value_t *ev_m
     } else {
         e = E_BAD;
     }
-    kvp__ec_buf_cleanup(&ret);
+    kvp__jw_cleanup(&ret);
     return e;
 }
 
@@ -830,12 +830,12 @@ int kvp_cmd_ec_sched_replay(int argc, char **argv)
     memset(&rp, 0, sizeof rp);
     kvp__ec_sexec_init(&rp.exec);
     kvp__ec_sctl_init(&rp.ctl);
-    kvp__ec_map_init(&rp.reqs);
-    kvp__ec_buf_init(&rp.last_table);
+    kvp__strmap_init(&rp.reqs);
+    kvp__jw_init(&rp.last_table);
     PUTS(&rp.last_table, "[]");
     int rc = 0;
-    kvp__ec_buf_t out;
-    kvp__ec_buf_init(&out);
+    kvp__jw_t out;
+    kvp__jw_init(&out);
     const char *p = in, *end = in + len;
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -891,13 +891,13 @@ int kvp_cmd_ec_sched_replay(int argc, char **argv)
         }
     }
     fflush(stdout);
-    kvp__ec_buf_cleanup(&out);
-    kvp__ec_buf_cleanup(&rp.last_table);
+    kvp__jw_cleanup(&out);
+    kvp__jw_cleanup(&rp.last_table);
     kvp_ec_sched_destroy(rp.s);
     for (size_t i = 0; i < rp.reqs.cap; i++)
         if (rp.reqs.slots[i].key)
             rreq_free(rp.reqs.slots[i].val);
-    kvp__ec_map_cleanup(&rp.reqs);
+    kvp__strmap_cleanup(&rp.reqs);
     kvp__ec_sexec_cleanup(&rp.exec);
     kvp__ec_sctl_cleanup(&rp.ctl);
     kvp__ec_sinbox_cleanup(&rp.inbox);

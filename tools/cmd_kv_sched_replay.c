@@ -11,8 +11,9 @@
  * a BadEvent changes no state, exactly as ref.py does.
  *
  * Known divergences from ref.py, for inputs gen.py never produces: integers
- * outside int64 and request ids containing U+0000 are BadEvent here; lines
- * are split on '\n' only.
+ * outside int64 and request ids containing U+0000 are BadEvent here, and so
+ * is a line that is not UTF-8 (ref.py cannot read it); lines are split on
+ * '\n' only.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,9 +23,10 @@
 
 #include "commands.h"
 #include "common/alloc.h"
+#include "common/arena.h"
 #include "common/log.h"
-#include "kv/kv_idmap.h"
-#include "kv/kv_json.h"
+#include "common/strmap.h"
+#include "common/json.h"
 #include "kvpool/kv_connector.h"
 #include "support/kv_scripted.h"
 
@@ -32,187 +34,36 @@ typedef kvp__json_t jnode_t;
 
 enum { R_OK = 0, R_BAD, R_UNKNOWN, R_TYPE, R_SCHED };
 
-/* ---- output buffer ------------------------------------------------------ */
+/* ---- output: the common JSON writer ------------------------------------- */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} obuf_t;
+typedef kvp__jw_t obuf_t;
 
-static void ob_reserve(obuf_t *o, size_t add)
-{
-    if (o->n + add <= o->cap)
-        return;
-    size_t nc = o->cap ? o->cap : 1 << 16;
-    while (nc < o->n + add)
-        nc *= 2;
-    char *np = realloc(o->p, nc);
-    if (!np) {
-        o->oom = 1;
-        o->n = 0;
-        return;
-    }
-    o->p = np;
-    o->cap = nc;
-}
-
-static void ob_raw(obuf_t *o, const char *s, size_t n)
-{
-    ob_reserve(o, n);
-    if (o->oom)
-        return;
-    memcpy(o->p + o->n, s, n);
-    o->n += n;
-}
-
-#define OB_LIT(o, s) ob_raw((o), (s), sizeof(s) - 1)
-
-static void ob_int(obuf_t *o, int64_t v)
-{
-    char tmp[24];
-    int k = 0;
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        tmp[k++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        tmp[k++] = '-';
-    ob_reserve(o, (size_t)k);
-    if (o->oom)
-        return;
-    while (k)
-        o->p[o->n++] = tmp[--k];
-}
-
-static void ob_bool(obuf_t *o, bool b)
-{
-    if (b)
-        OB_LIT(o, "true");
-    else
-        OB_LIT(o, "false");
-}
-
-static void ob_u4(obuf_t *o, unsigned v)
-{
-    static const char hx[] = "0123456789abcdef";
-    char t[6] = {'\\', 'u', hx[(v >> 12) & 15], hx[(v >> 8) & 15], hx[(v >> 4) & 15], hx[v & 15]};
-    ob_raw(o, t, 6);
-}
+#define OB_LIT(o, s) kvp__jw_put((o), (s), sizeof(s) - 1)
 
 /* A JSON string as Python's json.dumps (ensure_ascii) writes it. */
-static void ob_jstr(obuf_t *o, const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    OB_LIT(o, "\"");
-    while (*p) {
-        unsigned c = *p;
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-            const unsigned char *q = p;
-            while (*q >= 0x20 && *q < 0x80 && *q != '"' && *q != '\\')
-                q++;
-            ob_raw(o, (const char *)p, (size_t)(q - p));
-            p = q;
-            continue;
-        }
-        p++;
-        switch (c) {
-        case '"': OB_LIT(o, "\\\""); continue;
-        case '\\': OB_LIT(o, "\\\\"); continue;
-        case '\n': OB_LIT(o, "\\n"); continue;
-        case '\r': OB_LIT(o, "\\r"); continue;
-        case '\t': OB_LIT(o, "\\t"); continue;
-        case '\b': OB_LIT(o, "\\b"); continue;
-        case '\f': OB_LIT(o, "\\f"); continue;
-        default: break;
-        }
-        if (c < 0x80) {
-            ob_u4(o, c);
-            continue;
-        }
-        unsigned cp;
-        int more;
-        if ((c & 0xE0) == 0xC0) {
-            cp = c & 0x1F;
-            more = 1;
-        } else if ((c & 0xF0) == 0xE0) {
-            cp = c & 0x0F;
-            more = 2;
-        } else if ((c & 0xF8) == 0xF0) {
-            cp = c & 0x07;
-            more = 3;
-        } else {
-            ob_u4(o, c);
-            continue;
-        }
-        for (int i = 0; i < more && (*p & 0xC0) == 0x80; i++)
-            cp = (cp << 6) | (*p++ & 0x3F);
-        if (cp >= 0x10000) {
-            cp -= 0x10000;
-            ob_u4(o, 0xD800 + (cp >> 10));
-            ob_u4(o, 0xDC00 + (cp & 0x3FF));
-        } else {
-            ob_u4(o, cp);
-        }
-    }
-    OB_LIT(o, "\"");
-}
+static void ob_jstr(obuf_t *o, const char *s) { kvp__jw_str(o, s, strlen(s)); }
 
-/* ---- per-event scratch arena -------------------------------------------- */
-
-typedef struct scratch_chunk {
-    struct scratch_chunk *next;
-    size_t size, used;
-    _Alignas(16) unsigned char data[];
-} scratch_chunk_t;
+/* ---- per-event scratch arena (common/arena.h) ------------------------- */
 
 typedef struct {
-    scratch_chunk_t *head;
+    kvp__arena_t arena;
     int oom;
 } scratch_t;
 
 static void *sc_alloc(scratch_t *a, size_t n)
 {
-    n = (n + 15) & ~(size_t)15;
-    if (n == 0)
-        n = 16;
-    scratch_chunk_t *c = a->head;
-    if (!c || c->size - c->used < n) {
-        size_t sz = n > (1u << 16) ? n : (1u << 16);
-        scratch_chunk_t *nc = malloc(sizeof *nc + sz);
-        if (!nc) {
-            a->oom = 1;
-            return NULL;
-        }
-        nc->size = sz;
-        nc->used = 0;
-        nc->next = c;
-        a->head = nc;
-        c = nc;
-    }
-    void *r = c->data + c->used;
-    c->used += n;
-    return r;
+    void *p = kvp__arena_alloc(&a->arena, n);
+    if (!p)
+        a->oom = 1;
+    return p;
 }
 
 static void sc_reset(scratch_t *a, bool all)
 {
-    scratch_chunk_t *c = a->head;
-    if (!c)
-        return;
-    scratch_chunk_t *rest = c->next;
-    c->next = NULL;
-    c->used = 0;
-    while (rest) {
-        scratch_chunk_t *n = rest->next;
-        free(rest);
-        rest = n;
-    }
-    if (all) {
-        free(c);
-        a->head = NULL;
-    }
+    if (all)
+        kvp__arena_cleanup(&a->arena);
+    else
+        kvp__arena_reset(&a->arena);
     a->oom = 0;
 }
 
@@ -229,8 +80,8 @@ typedef struct rreq {
 typedef struct {
     kvp_kv_sched_t *sched;
     kvp_kv_scripted_t *sc;
-    kvp__kv_idmap_t reqs;
-    kvp__kv_idmap_t nst;
+    kvp__strmap_t reqs;
+    kvp__strmap_t nst;
     kvp__json_parser_t jp;
     scratch_t scr;
     obuf_t out;
@@ -240,7 +91,7 @@ typedef struct {
 static rreq_t *req_find(replay_t *R, const char *id)
 {
     size_t n = strlen(id);
-    return kvp__kv_idmap_get(&R->reqs, id, n, kvp__kv_id_hash(id, n));
+    return kvp__strmap_get_h(&R->reqs, id, n, kvp__strmap_hash(id, n));
 }
 
 /* ---- validation (ref.py's _req/_opt/_is) -------------------------------- */
@@ -395,7 +246,7 @@ static int op_req(replay_t *R, const jnode_t *ev)
         memcpy(r->id, id->u.s, n + 1);
         r->id_len = n;
         r->view.req_id = r->id;
-        if (kvp__kv_idmap_put(&R->reqs, r->id, n, kvp__kv_id_hash(r->id, n), r) != KVP_OK) {
+        if (kvp__strmap_put_h(&R->reqs, r->id, n, kvp__strmap_hash(r->id, n), r) != KVP_OK) {
             kvp__free(r, sizeof *r + n + 1);
             return R_TYPE;
         }
@@ -439,11 +290,11 @@ static int op_gnnmt(replay_t *R, const jnode_t *ev)
     OB_LIT(&R->out, "{\"lookup_called\":");
     if (ncalls) {
         OB_LIT(&R->out, "{\"non_block\":");
-        ob_bool(&R->out, calls[0].non_block);
+        kvp__jw_bool(&R->out, calls[0].non_block);
         OB_LIT(&R->out, ",\"num_block_hashes\":");
-        ob_int(&R->out, (int64_t)calls[0].num_block_hashes);
+        kvp__jw_int(&R->out, (int64_t)calls[0].num_block_hashes);
         OB_LIT(&R->out, ",\"num_tokens\":");
-        ob_int(&R->out, calls[0].num_tokens);
+        kvp__jw_int(&R->out, calls[0].num_tokens);
         OB_LIT(&R->out, "}");
     } else {
         OB_LIT(&R->out, "null");
@@ -452,9 +303,9 @@ static int op_gnnmt(replay_t *R, const jnode_t *ev)
     if (num < 0)
         OB_LIT(&R->out, "null");
     else
-        ob_int(&R->out, num);
+        kvp__jw_int(&R->out, num);
     OB_LIT(&R->out, ",");
-    ob_bool(&R->out, la);
+    kvp__jw_bool(&R->out, la);
     OB_LIT(&R->out, "]}");
     return R_OK;
 }
@@ -494,7 +345,7 @@ static int op_finished(replay_t *R, const jnode_t *ev)
     if (kvp_kv_sched_request_finished_all_groups(R->sched, r->id, total, &delay) != KVP_OK)
         return sched_err(R);
     OB_LIT(&R->out, "{\"ret\":[");
-    ob_bool(&R->out, delay);
+    kvp__jw_bool(&R->out, delay);
     OB_LIT(&R->out, ",null]}");
     return R_OK;
 }
@@ -518,7 +369,7 @@ static int op_reset(replay_t *R, const jnode_t *ev)
     if (kvp_kv_sched_reset_store(R->sched, &ok) != KVP_OK)
         return sched_err(R);
     OB_LIT(&R->out, "{\"ret\":");
-    ob_bool(&R->out, ok);
+    kvp__jw_bool(&R->out, ok);
     OB_LIT(&R->out, "}");
     return R_OK;
 }
@@ -577,36 +428,36 @@ static void ob_reqmeta(obuf_t *o, const kvp_kv_req_meta_t *m)
         for (size_t i = 0; i < l->n; i++) {
             if (i)
                 OB_LIT(o, ",");
-            ob_int(o, l->ids[i]);
+            kvp__jw_int(o, l->ids[i]);
         }
         OB_LIT(o, "]");
     }
     OB_LIT(o, "],\"can_save\":");
-    ob_bool(o, m->can_save);
+    kvp__jw_bool(o, m->can_save);
     OB_LIT(o, ",\"is_last_chunk\":");
     if (m->is_last_chunk == KVP_KV_TRI_NONE)
         OB_LIT(o, "null");
     else
-        ob_bool(o, m->is_last_chunk != 0);
+        kvp__jw_bool(o, m->is_last_chunk != 0);
     OB_LIT(o, ",\"load_spec\":");
     if (m->has_load_spec) {
         OB_LIT(o, "{\"can_load\":");
-        ob_bool(o, m->load_spec.can_load);
+        kvp__jw_bool(o, m->load_spec.can_load);
         OB_LIT(o, ",\"kvpool_cached_tokens\":");
-        ob_int(o, m->load_spec.kvpool_cached_tokens);
+        kvp__jw_int(o, m->load_spec.kvpool_cached_tokens);
         OB_LIT(o, ",\"vllm_cached_tokens\":");
-        ob_int(o, m->load_spec.vllm_cached_tokens);
+        kvp__jw_int(o, m->load_spec.vllm_cached_tokens);
         OB_LIT(o, "}");
     } else {
         OB_LIT(o, "null");
     }
     OB_LIT(o, ",\"num_block_hashes\":");
-    ob_int(o, (int64_t)m->num_block_hashes);
+    kvp__jw_int(o, (int64_t)m->num_block_hashes);
     OB_LIT(o, ",\"num_prompt_tokens\":");
-    ob_int(o, m->num_prompt_tokens);
+    kvp__jw_int(o, m->num_prompt_tokens);
     OB_LIT(o, ",\"num_token_ids\":");
     if (m->has_token_ids)
-        ob_int(o, (int64_t)m->num_token_ids);
+        kvp__jw_int(o, (int64_t)m->num_token_ids);
     else
         OB_LIT(o, "null");
     OB_LIT(o, ",\"partial_tail_offloads\":");
@@ -617,11 +468,11 @@ static void ob_reqmeta(obuf_t *o, const kvp_kv_req_meta_t *m)
             if (i)
                 OB_LIT(o, ",");
             OB_LIT(o, "[");
-            ob_int(o, t->group_id);
+            kvp__jw_int(o, t->group_id);
             OB_LIT(o, ",");
-            ob_int(o, t->cow_block_id);
+            kvp__jw_int(o, t->cow_block_id);
             OB_LIT(o, ",");
-            ob_int(o, t->boundary_tokens);
+            kvp__jw_int(o, t->boundary_tokens);
             OB_LIT(o, "]");
         }
         OB_LIT(o, "]");
@@ -631,14 +482,14 @@ static void ob_reqmeta(obuf_t *o, const kvp_kv_req_meta_t *m)
     OB_LIT(o, ",\"req_id\":");
     ob_jstr(o, m->req_id);
     OB_LIT(o, ",\"token_len_chunk\":");
-    ob_int(o, m->token_len_chunk);
+    kvp__jw_int(o, m->token_len_chunk);
     OB_LIT(o, "}");
 }
 
 static int64_t nst_lookup(replay_t *R, const char *id)
 {
     size_t n = strlen(id);
-    const jnode_t *v = kvp__kv_idmap_get(&R->nst, id, n, kvp__kv_id_hash(id, n));
+    const jnode_t *v = kvp__strmap_get_h(&R->nst, id, n, kvp__strmap_hash(id, n));
     return v ? v->u.i : KVP_KV_NO_ENTRY;
 }
 
@@ -724,12 +575,12 @@ static int op_build(replay_t *R, const jnode_t *ev)
         so.preempted_req_ids = id_set(R, pre, &so.num_preempted);
     size_t nres = 0;
     const char **resumed = id_set(R, res, &nres);
-    kvp__kv_idmap_cleanup(&R->nst);
+    kvp__strmap_cleanup(&R->nst);
     for (size_t i = 0; i < nst->n; i++) {
         const jnode_t *m = &nst->u.items[i];
-        uint64_t h = kvp__kv_id_hash(m->key, m->key_len);
-        kvp__kv_idmap_del(&R->nst, m->key, m->key_len, h); /* last one wins */
-        if (kvp__kv_idmap_put(&R->nst, m->key, m->key_len, h, (void *)m) != KVP_OK)
+        uint64_t h = kvp__strmap_hash(m->key, m->key_len);
+        kvp__strmap_del_h(&R->nst, m->key, m->key_len, h); /* last one wins */
+        if (kvp__strmap_put_h(&R->nst, m->key, m->key_len, h, (void *)m) != KVP_OK)
             return R_TYPE;
     }
     kvp_kv_new_req_t *nrs = sc_alloc(&R->scr, (news->n + 1) * sizeof *nrs);
@@ -819,7 +670,7 @@ static int op_build(replay_t *R, const jnode_t *ev)
 
 static void handle(replay_t *R, const char *line, size_t len)
 {
-    size_t mark = R->out.n;
+    size_t mark = R->out.len;
     const jnode_t *ev = NULL;
     int rc;
     if (kvp__json_parse(&R->jp, line, len, &ev) != KVP_OK || ev->type != KVP__JSON_OBJECT) {
@@ -846,7 +697,7 @@ static void handle(replay_t *R, const char *line, size_t len)
             rc = R_BAD;
     }
     if (rc != R_OK && rc != R_SCHED) {
-        R->out.n = mark;
+        R->out.len = mark;
         if (rc == R_BAD) {
             kvp_warn("kv-sched-replay: line %zu is not a valid v1 event (BadEvent)", R->lineno);
             OB_LIT(&R->out, "{\"error\":\"BadEvent\"}");
@@ -925,18 +776,18 @@ static void replay_cleanup(replay_t *R)
     kvp_kv_sched_destroy(R->sched);
     kvp_kv_scripted_destroy(R->sc);
     for (size_t i = 0; i < R->reqs.cap; i++) {
-        rreq_t *r = R->reqs.slots[i].item;
-        if (!R->reqs.slots[i].hash || !r)
+        rreq_t *r = R->reqs.slots[i].val;
+        if (!R->reqs.slots[i].key || !r)
             continue;
         if (r->toks)
             kvp__free(r->toks, r->toks_cap * sizeof(int64_t));
         kvp__free(r, sizeof *r + r->id_len + 1);
     }
-    kvp__kv_idmap_cleanup(&R->reqs);
-    kvp__kv_idmap_cleanup(&R->nst);
+    kvp__strmap_cleanup(&R->reqs);
+    kvp__strmap_cleanup(&R->nst);
     kvp__json_parser_cleanup(&R->jp);
     sc_reset(&R->scr, true);
-    free(R->out.p);
+    kvp__jw_cleanup(&R->out);
 }
 
 static int flush_out(replay_t *R)
@@ -945,9 +796,9 @@ static int flush_out(replay_t *R)
         fprintf(stderr, "kv-sched-replay: out of memory\n");
         return -1;
     }
-    if (R->out.n && fwrite(R->out.p, 1, R->out.n, stdout) != R->out.n)
+    if (R->out.len && fwrite(R->out.p, 1, R->out.len, stdout) != R->out.len)
         return -1;
-    R->out.n = 0;
+    R->out.len = 0;
     return 0;
 }
 
@@ -965,8 +816,8 @@ int kvp_cmd_kv_sched_replay(int argc, char **argv)
     }
     replay_t R;
     memset(&R, 0, sizeof R);
-    kvp__kv_idmap_init(&R.reqs);
-    kvp__kv_idmap_init(&R.nst);
+    kvp__strmap_init(&R.reqs);
+    kvp__strmap_init(&R.nst);
     kvp__json_parser_init(&R.jp);
     char *line = NULL;
     size_t lcap = 0;
@@ -999,7 +850,7 @@ int kvp_cmd_kv_sched_replay(int argc, char **argv)
             continue;
         }
         handle(&R, line + b, e - b);
-        if (R.out.n > (1u << 20) && flush_out(&R) != 0) {
+        if (R.out.len > (1u << 20) && flush_out(&R) != 0) {
             rc = 1;
             break;
         }

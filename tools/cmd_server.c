@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common/log.h"
+#include "common/token.h"
 #include "common/units.h"
 #include "server/server.h"
 
@@ -40,27 +41,17 @@ static void usage(FILE *f)
                "itself when the worker is stuck, e.g. after a client died mid-message.\n");
 }
 
-/* Reads the token: the file's first line, without the line end. */
-static char *read_token(const char *path)
+/* Reads the token (common/token.h: the file's first line, 1..256 bytes) into buf. */
+static int read_token(const char *path, char *buf, size_t cap)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    size_t len;
+    kvp_status_t st = kvp__token_file_read(path, buf, cap, &len);
+    if (st == KVP_ERR_IO)
         fprintf(stderr, "kvpool server: cannot read token file %s\n", path);
-        return NULL;
-    }
-    char buf[512];
-    char *ok = fgets(buf, sizeof buf, f);
-    fclose(f);
-    if (!ok) {
-        fprintf(stderr, "kvpool server: token file %s is empty\n", path);
-        return NULL;
-    }
-    buf[strcspn(buf, "\r\n")] = 0;
-    if (!buf[0] || strlen(buf) > 256) {
-        fprintf(stderr, "kvpool server: token in %s must be 1..256 bytes\n", path);
-        return NULL;
-    }
-    return strdup(buf);
+    else if (st != KVP_OK)
+        fprintf(stderr, "kvpool server: the token in %s (its first line) must be 1..%d bytes, without NUL\n",
+                path, KVP__TOKEN_MAX);
+    return st == KVP_OK ? 0 : -1;
 }
 
 int kvp_cmd_server(int argc, char **argv)
@@ -68,7 +59,8 @@ int kvp_cmd_server(int argc, char **argv)
     kvp__server_params_t p = {.host = "127.0.0.1", .port = 0, .memory = 1ull << 30};
     kvp_log_level_t lvl = KVP_LOG_INFO;
     char host[256] = "127.0.0.1";
-    char *token = NULL;
+    char token_buf[KVP__TOKEN_MAX + 1];
+    const char *token = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -133,9 +125,9 @@ int kvp_cmd_server(int argc, char **argv)
             else
                 p.max_conns_per_source = (uint32_t)n;
         } else if (!strcmp(a, "--token-file")) {
-            free(token);
-            if (!(token = read_token(v)))
+            if (read_token(v, token_buf, sizeof token_buf) != 0)
                 return 2;
+            token = token_buf;
         } else if (!strcmp(a, "--put-timeout")) {
             if (kvp__parse_duration_ns(v, &p.put_timeout_ns) != KVP_OK || !p.put_timeout_ns) {
                 fprintf(stderr, "kvpool server: bad --put-timeout '%s' (e.g. 30s)\n", v);
@@ -158,7 +150,6 @@ int kvp_cmd_server(int argc, char **argv)
     p.host = host;
     p.token = token;
     kvp_status_t st = kvp__server_run(&p);
-    free(token);
     if (st == KVP_ERR_BAD_CONFIG)
         return 2; /* (said why) */
     if (st != KVP_OK) {

@@ -74,3 +74,9 @@ char *kvp__strdup(const char *s)
         memcpy(d, s, n);
     return d;
 }
+
+void kvp__strfree(char *s)
+{
+    if (s)
+        kvp__free(s, strlen(s) + 1);
+}

@@ -21,6 +21,8 @@ void *kvp__realloc(void *old, size_t old_size, size_t new_size);
 void kvp__free(void *p, size_t size);
 /* strdup through the shim; free with kvp__free(s, strlen(s) + 1). */
 char *kvp__strdup(const char *s);
+/* Frees a kvp__strdup'ed string (NULL is fine). */
+void kvp__strfree(char *s);
 
 /* Bytes currently allocated through the shim (requested sizes). */
 uint64_t kvp__alloc_bytes_in_use(void);

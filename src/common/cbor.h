@@ -17,6 +17,8 @@
 #ifndef KVP_COMMON_CBOR_H
 #define KVP_COMMON_CBOR_H
 
+#include "common/utf8.h" /* kvp__utf8_valid, for the callers that check text */
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,8 +54,5 @@ void kvp__cbor_text(kvp__cbor_t *c, const char *s, size_t n);
 void kvp__cbor_array(kvp__cbor_t *c, uint64_t n);
 void kvp__cbor_null(kvp__cbor_t *c);
 
-/* 1 if s[0..n) is well-formed UTF-8 (no overlongs, no surrogates, at most
- * U+10FFFF): exactly the strings Python's str.encode("utf-8") can produce. */
-int kvp__utf8_valid(const char *s, size_t n);
 
 #endif

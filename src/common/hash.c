@@ -198,6 +198,19 @@ size_t kvp_hash_to_hex(const kvp_hash_t *h, char out[KVP_HASH_HEX_MAX])
     return 2 * n;
 }
 
+/* Hashes what c encoded (or returns its encoding error), then frees c. */
+static kvp_status_t digest_cbor(kvp_hash_algo_t algo, kvp__cbor_t *c, kvp_hash_t *out_p)
+{
+    digester_t d;
+    kvp_status_t st = kvp__cbor_status(c);
+    if (st == KVP_OK && (st = digester_init(&d, algo)) == KVP_OK) {
+        st = digest(&d, c->data, c->len, out_p);
+        digester_cleanup(&d);
+    }
+    kvp__cbor_cleanup(c);
+    return st;
+}
+
 kvp_status_t kvp_hash_none_hash(kvp_hash_algo_t algo, const char *seed, size_t seed_len,
                                 kvp_hash_t *out_p)
 {
@@ -223,14 +236,7 @@ kvp_status_t kvp_hash_none_hash(kvp_hash_algo_t algo, const char *seed, size_t s
     kvp__cbor_t c;
     kvp__cbor_init(&c, inline_buf, sizeof inline_buf);
     kvp__cbor_text(&c, seed, seed_len);
-    digester_t d;
-    st = kvp__cbor_status(&c);
-    if (st == KVP_OK && (st = digester_init(&d, algo)) == KVP_OK) {
-        st = digest(&d, c.data, c.len, out_p);
-        digester_cleanup(&d);
-    }
-    kvp__cbor_cleanup(&c);
-    return st;
+    return digest_cbor(algo, &c, out_p);
 }
 
 /* ------------------------------------------------------------ one block */
@@ -247,16 +253,28 @@ static void encode_tokens(kvp__cbor_t *c, token_view_t tv, size_t start, size_t 
     }
 }
 
-static kvp_status_t check_extra(const char *fn, const kvp_hash_extra_keys_t *x)
+/* The fields an extra-keys struct and a request share: lora_name,
+ * cache_salt and an array of multimodal entries (`what`, n of them). */
+static kvp_status_t check_common(const char *fn, const char *lora, size_t lora_len, const char *salt,
+                                 size_t salt_len, const void *entries, size_t n, const char *what)
 {
     kvp_status_t st;
-    if ((st = check_text(fn, "lora_name", x->lora_name, x->lora_name_len)) != KVP_OK ||
-        (st = check_text(fn, "cache_salt", x->cache_salt, x->cache_salt_len)) != KVP_OK)
+    if ((st = check_text(fn, "lora_name", lora, lora_len)) != KVP_OK ||
+        (st = check_text(fn, "cache_salt", salt, salt_len)) != KVP_OK)
         return st;
-    if (x->num_mm_keys && !x->mm_keys) {
-        kvp_error("hash: %s: mm_keys is NULL with %zu keys", fn, x->num_mm_keys);
+    if (n && !entries) {
+        kvp_error("hash: %s: %s is NULL with %zu entries", fn, what, n);
         return KVP_ERR_NULL_POINTER;
     }
+    return KVP_OK;
+}
+
+static kvp_status_t check_extra(const char *fn, const kvp_hash_extra_keys_t *x)
+{
+    kvp_status_t st = check_common(fn, x->lora_name, x->lora_name_len, x->cache_salt, x->cache_salt_len,
+                                   x->mm_keys, x->num_mm_keys, "mm_keys");
+    if (st != KVP_OK)
+        return st;
     for (size_t i = 0; i < x->num_mm_keys; i++) {
         const kvp_hash_mm_key_t *k = &x->mm_keys[i];
         if ((st = check_text(fn, "mm key identifier", k->identifier, k->identifier_len)) != KVP_OK)
@@ -313,14 +331,7 @@ static kvp_status_t hash_block(const char *fn, kvp_hash_algo_t algo, const kvp_h
         if (extra->prompt_embeds_sha256)
             kvp__cbor_bytes(&c, extra->prompt_embeds_sha256, 32);
     }
-    digester_t d;
-    st = kvp__cbor_status(&c);
-    if (st == KVP_OK && (st = digester_init(&d, algo)) == KVP_OK) {
-        st = digest(&d, c.data, c.len, out_p);
-        digester_cleanup(&d);
-    }
-    kvp__cbor_cleanup(&c);
-    return st;
+    return digest_cbor(algo, &c, out_p);
 }
 
 kvp_status_t kvp_hash_block(kvp_hash_algo_t algo, const kvp_hash_t *parent, const uint32_t *tokens,
@@ -403,14 +414,10 @@ static int64_t mm_walk(const kvp_hash_request_t *req, int64_t start, int64_t end
 static kvp_status_t check_request(const char *fn, const kvp_hash_request_t *req,
                                   size_t total_blocks)
 {
-    kvp_status_t st;
-    if ((st = check_text(fn, "lora_name", req->lora_name, req->lora_name_len)) != KVP_OK ||
-        (st = check_text(fn, "cache_salt", req->cache_salt, req->cache_salt_len)) != KVP_OK)
+    kvp_status_t st = check_common(fn, req->lora_name, req->lora_name_len, req->cache_salt,
+                                   req->cache_salt_len, req->mm_items, req->num_mm_items, "mm_items");
+    if (st != KVP_OK)
         return st;
-    if (req->num_mm_items && !req->mm_items) {
-        kvp_error("hash: %s: mm_items is NULL with %zu items", fn, req->num_mm_items);
-        return KVP_ERR_NULL_POINTER;
-    }
     for (size_t i = 0; i < req->num_mm_items; i++) {
         const kvp_hash_mm_item_t *it = &req->mm_items[i];
         if ((st = check_text(fn, "mm item identifier", it->identifier, it->identifier_len)) !=

@@ -172,6 +172,57 @@ void kvp__mpw_str(kvp__mpw_t *w, const char *s, uint32_t n)
     }
 }
 
+void kvp__mpw_int_small(kvp__mpw_t *w, int64_t v)
+{
+    uint8_t *p;
+    if (v >= -32) {
+        kvp__mpw_int(w, v); /* fixint or the smallest unsigned form */
+    } else if (v >= INT8_MIN) {
+        if ((p = need(w, 2))) {
+            p[0] = 0xd0;
+            p[1] = (uint8_t)v;
+        }
+    } else if (v >= INT16_MIN) {
+        if ((p = need(w, 3))) {
+            p[0] = 0xd1;
+            put_be(p + 1, (uint64_t)v, 2);
+        }
+    } else if (v >= INT32_MIN) {
+        if ((p = need(w, 5))) {
+            p[0] = 0xd2;
+            put_be(p + 1, (uint64_t)v, 4);
+        }
+    } else if ((p = need(w, 9))) {
+        p[0] = 0xd3;
+        put_be(p + 1, (uint64_t)v, 8);
+    }
+}
+
+void kvp__mpw_str_small(kvp__mpw_t *w, const char *s, uint32_t n)
+{
+    uint8_t *p;
+    if (n <= 0xff || n > 0xffff) {
+        kvp__mpw_str(w, s, n); /* fixstr, str8 or str32: the same */
+    } else if ((p = need(w, 3 + (size_t)n))) {
+        p[0] = 0xda;
+        put_be(p + 1, n, 2);
+        memcpy(p + 3, s, n);
+    }
+}
+
+int kvp__mpw_finish(kvp__mpw_t *w, uint8_t **buf_p, size_t *len_p)
+{
+    uint8_t *out = w->err ? NULL : kvp__malloc(w->len ? w->len : 1);
+    if (out) {
+        if (w->len)
+            memcpy(out, w->buf, w->len);
+        *buf_p = out;
+        *len_p = w->len;
+    }
+    kvp__mpw_free(w);
+    return out ? 0 : -1;
+}
+
 /* ---- reader ---- */
 
 static const uint8_t *take(kvp__mpr_t *r, size_t n)
@@ -220,6 +271,16 @@ uint32_t kvp__mpr_array(kvp__mpr_t *r, uint32_t max)
         return 0;
     }
     return (uint32_t)n;
+}
+
+uint32_t kvp__mpr_array_fit(kvp__mpr_t *r, uint32_t max)
+{
+    uint32_t n = kvp__mpr_array(r, max);
+    if (!r->err && n > (size_t)(r->end - r->p)) {
+        r->err = 1;
+        return 0;
+    }
+    return n;
 }
 
 uint64_t kvp__mpr_uint(kvp__mpr_t *r)
@@ -285,25 +346,28 @@ int kvp__mpr_nil(kvp__mpr_t *r)
     return 0;
 }
 
-const uint8_t *kvp__mpr_bytes(kvp__mpr_t *r, uint32_t max, uint32_t *len_p)
+/* kinds: 1 = str, 2 = bin, 3 = either */
+static const uint8_t *read_raw(kvp__mpr_t *r, int kinds, uint32_t max, uint32_t *len_p)
 {
     const uint8_t *t = take(r, 1);
     uint64_t n;
     *len_p = 0;
     if (!t)
         return NULL;
+    int is_str = (*t & 0xe0) == 0xa0 || (*t >= 0xd9 && *t <= 0xdb);
+    int is_bin = *t >= 0xc4 && *t <= 0xc6;
+    if (!((is_str && (kinds & 1)) || (is_bin && (kinds & 2)))) {
+        r->err = 1;
+        return NULL;
+    }
     if ((*t & 0xe0) == 0xa0)
         n = *t & 0x1f;
     else if (*t == 0xc4 || *t == 0xd9)
         n = read_len(r, 1);
     else if (*t == 0xc5 || *t == 0xda)
         n = read_len(r, 2);
-    else if (*t == 0xc6 || *t == 0xdb)
+    else
         n = read_len(r, 4);
-    else {
-        r->err = 1;
-        return NULL;
-    }
     if (r->err || n > max) {
         r->err = 1;
         return NULL;
@@ -313,6 +377,10 @@ const uint8_t *kvp__mpr_bytes(kvp__mpr_t *r, uint32_t max, uint32_t *len_p)
         *len_p = (uint32_t)n;
     return p;
 }
+
+const uint8_t *kvp__mpr_bytes(kvp__mpr_t *r, uint32_t max, uint32_t *len_p) { return read_raw(r, 3, max, len_p); }
+const uint8_t *kvp__mpr_str(kvp__mpr_t *r, uint32_t max, uint32_t *len_p) { return read_raw(r, 1, max, len_p); }
+const uint8_t *kvp__mpr_bin(kvp__mpr_t *r, uint32_t max, uint32_t *len_p) { return read_raw(r, 2, max, len_p); }
 
 static void skip_depth(kvp__mpr_t *r, int depth)
 {

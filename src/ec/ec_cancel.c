@@ -7,7 +7,7 @@
  */
 #include "common/alloc.h"
 #include "common/log.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "ec/ec_table.h"
 #include "kvpool/ec_connector.h"
 
@@ -32,7 +32,7 @@ kvp_status_t kvp_ec_cancel_remote(const kvp_ec_control_t *c, const char *addr, c
         goto out;
     }
     for (size_t i = 0; i < n; i++)
-        if (!(pending[i] = kvp__ec_strdup(shards[i]))) {
+        if (!(pending[i] = kvp__strdup(shards[i]))) {
             ret = KVP_ERR_NO_MEMORY;
             goto out;
         }
@@ -58,7 +58,7 @@ kvp_status_t kvp_ec_cancel_remote(const kvp_ec_control_t *c, const char *addr, c
             goto out;
         }
         for (size_t i = 0; i < np; i++)
-            kvp__ec_strfree(pending[i]);
+            kvp__strfree(pending[i]);
         for (size_t i = 0; i < nf; i++) {
             pending[i] = failed[i];
             failed[i] = NULL;

@@ -3,7 +3,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "ec/ec_table.h"
 #include "kvpool/ec_connector.h"
 
@@ -19,28 +19,28 @@ void kvp_ec_meta_cleanup(kvp_ec_meta_t *m)
         return;
     kvp__ec_strv_free(m->freed, m->n_freed);
     for (size_t i = 0; i < m->n_store_candidates; i++) {
-        kvp__ec_strfree(m->store_candidates[i].identifier);
-        kvp__ec_strfree(m->store_candidates[i].spec.dtype);
+        kvp__strfree(m->store_candidates[i].identifier);
+        kvp__strfree(m->store_candidates[i].spec.dtype);
         shape_free(m->store_candidates[i].spec.shape, m->store_candidates[i].spec.ndim);
     }
     if (m->store_candidates)
         kvp__free(m->store_candidates, m->n_store_candidates * sizeof *m->store_candidates);
     for (size_t i = 0; i < m->n_pushes; i++) {
         kvp_ec_push_spec_t *p = &m->pushes[i];
-        kvp__ec_strfree(p->mm_hash);
-        kvp__ec_strfree(p->dtype);
-        kvp__ec_strfree(p->consumer_zmq);
-        kvp__ec_strfree(p->transfer_id);
-        kvp__ec_strfree(p->request_id);
+        kvp__strfree(p->mm_hash);
+        kvp__strfree(p->dtype);
+        kvp__strfree(p->consumer_zmq);
+        kvp__strfree(p->transfer_id);
+        kvp__strfree(p->request_id);
         shape_free(p->shape, p->ndim);
     }
     if (m->pushes)
         kvp__free(m->pushes, m->n_pushes * sizeof *m->pushes);
     for (size_t i = 0; i < m->n_loads; i++) {
         kvp_ec_load_spec_t *l = &m->loads[i];
-        kvp__ec_strfree(l->mm_hash);
-        kvp__ec_strfree(l->dtype);
-        kvp__ec_strfree(l->transfer_id);
+        kvp__strfree(l->mm_hash);
+        kvp__strfree(l->dtype);
+        kvp__strfree(l->transfer_id);
         shape_free(l->shape, l->ndim);
     }
     if (m->loads)
@@ -65,9 +65,9 @@ void kvp_ec_finished_cleanup(kvp_ec_finished_t *f)
         return;
     if (f->items) {
         for (size_t i = 0; i < f->n_items; i++) {
-            kvp__ec_strfree(f->items[i].identifier);
-            kvp__ec_strfree(f->items[i].modality);
-            kvp__ec_strfree(f->items[i].transfer_id);
+            kvp__strfree(f->items[i].identifier);
+            kvp__strfree(f->items[i].modality);
+            kvp__strfree(f->items[i].transfer_id);
         }
         kvp__free(f->items, f->n_items * sizeof *f->items);
     }

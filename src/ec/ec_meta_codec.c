@@ -15,11 +15,11 @@
  * every string against its cap and for NUL bytes; anything else, trailing
  * bytes included, is KVP_ERR_DECODE with the output left empty.
  */
-#include <msgpack.h>
 #include <string.h>
 
 #include "common/alloc.h"
-#include "ec/ec_map.h"
+#include "common/mp.h"
+#include "common/strmap.h"
 #include "ec/ec_table.h"
 #include "kvpool/ec_connector.h"
 
@@ -32,39 +32,48 @@
 
 /* ---- encoder ---------------------------------------------------------------- */
 
-static void pk_str(msgpack_packer *pk, const char *s)
+static void pk_str(kvp__mpw_t *w, const char *s)
 {
-    size_t n = s ? strlen(s) : 0;
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s ? s : "", n);
+    kvp__mpw_str_small(w, s ? s : "", s ? (uint32_t)strlen(s) : 0);
 }
 
-static void pk_strv(msgpack_packer *pk, char *const *v, size_t n)
+static void pk_strv(kvp__mpw_t *w, char *const *v, size_t n)
 {
-    msgpack_pack_array(pk, n);
+    kvp__mpw_array(w, (uint32_t)n);
     for (size_t i = 0; i < n; i++)
-        pk_str(pk, v[i]);
+        pk_str(w, v[i]);
 }
 
-static void pk_shape(msgpack_packer *pk, const int64_t *shape, size_t n)
+static void pk_shape(kvp__mpw_t *w, const int64_t *shape, size_t n)
 {
-    msgpack_pack_array(pk, n);
+    kvp__mpw_array(w, (uint32_t)n);
     for (size_t i = 0; i < n; i++)
-        msgpack_pack_int64(pk, shape[i]);
+        kvp__mpw_int_small(w, shape[i]);
 }
 
-static kvp_status_t finish(msgpack_sbuffer *sb, uint8_t **buf_p, size_t *len_p)
+/* [mm_hash, nbytes, shape, dtype, ...]: the head that pushes and loads share. */
+static void pk_tensor_head(kvp__mpw_t *w, uint32_t fields, const char *mm_hash, int64_t nbytes, const int64_t *shape,
+                           size_t ndim, const char *dtype)
 {
-    uint8_t *out = kvp__malloc(sb->size ? sb->size : 1);
-    if (!out) {
-        msgpack_sbuffer_destroy(sb);
-        return KVP_ERR_NO_MEMORY;
-    }
-    memcpy(out, sb->data, sb->size);
-    *buf_p = out;
-    *len_p = sb->size;
-    msgpack_sbuffer_destroy(sb);
-    return KVP_OK;
+    kvp__mpw_array(w, fields);
+    pk_str(w, mm_hash);
+    kvp__mpw_int_small(w, nbytes);
+    pk_shape(w, shape, ndim);
+    pk_str(w, dtype);
+}
+
+/* A fresh writer holding the head [version, kind, ...] of a `fields` array. */
+static void pk_begin(kvp__mpw_t *w, uint32_t fields, unsigned kind)
+{
+    kvp__mpw_init(w, NULL, 0);
+    kvp__mpw_array(w, fields);
+    kvp__mpw_uint(w, CODEC_VERSION);
+    kvp__mpw_uint(w, kind);
+}
+
+static kvp_status_t finish(kvp__mpw_t *w, uint8_t **buf_p, size_t *len_p)
+{
+    return kvp__mpw_finish(w, buf_p, len_p) == 0 ? KVP_OK : KVP_ERR_NO_MEMORY;
 }
 
 void kvp_ec_buf_free(uint8_t *buf, size_t len)
@@ -80,51 +89,35 @@ kvp_status_t kvp_ec_meta_encode(const kvp_ec_meta_t *m, uint8_t **buf_p, size_t 
     if (m->n_store_candidates > MAX_COUNT || m->n_pushes > MAX_COUNT || m->n_loads > MAX_COUNT ||
         m->n_freed > MAX_COUNT)
         return KVP_ERR_INVALID_ARG;
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 6);
-    msgpack_pack_int(&pk, CODEC_VERSION);
-    msgpack_pack_int(&pk, KIND_META);
-    pk_strv(&pk, m->freed, m->n_freed);
-    msgpack_pack_array(&pk, m->n_store_candidates);
+    kvp__mpw_t out, *pk = &out;
+    pk_begin(pk, 6, KIND_META);
+    pk_strv(pk, m->freed, m->n_freed);
+    kvp__mpw_array(pk, (uint32_t)m->n_store_candidates);
     for (size_t i = 0; i < m->n_store_candidates; i++) {
         const kvp_ec_store_candidate_t *c = &m->store_candidates[i];
-        msgpack_pack_array(&pk, 4);
-        pk_str(&pk, c->identifier);
-        pk_shape(&pk, c->spec.shape, c->spec.ndim);
-        pk_str(&pk, c->spec.dtype);
-        msgpack_pack_int64(&pk, c->spec.nbytes);
+        kvp__mpw_array(pk, 4);
+        pk_str(pk, c->identifier);
+        pk_shape(pk, c->spec.shape, c->spec.ndim);
+        pk_str(pk, c->spec.dtype);
+        kvp__mpw_int_small(pk, c->spec.nbytes);
     }
-    msgpack_pack_array(&pk, m->n_pushes);
+    kvp__mpw_array(pk, (uint32_t)m->n_pushes);
     for (size_t i = 0; i < m->n_pushes; i++) {
         const kvp_ec_push_spec_t *p = &m->pushes[i];
-        msgpack_pack_array(&pk, 7);
-        pk_str(&pk, p->mm_hash);
-        msgpack_pack_int64(&pk, p->nbytes);
-        pk_shape(&pk, p->shape, p->ndim);
-        pk_str(&pk, p->dtype);
-        pk_str(&pk, p->consumer_zmq);
-        pk_str(&pk, p->transfer_id);
-        pk_str(&pk, p->request_id);
+        pk_tensor_head(pk, 7, p->mm_hash, p->nbytes, p->shape, p->ndim, p->dtype);
+        pk_str(pk, p->consumer_zmq);
+        pk_str(pk, p->transfer_id);
+        pk_str(pk, p->request_id);
     }
-    msgpack_pack_array(&pk, m->n_loads);
+    kvp__mpw_array(pk, (uint32_t)m->n_loads);
     for (size_t i = 0; i < m->n_loads; i++) {
         const kvp_ec_load_spec_t *l = &m->loads[i];
-        msgpack_pack_array(&pk, 7);
-        pk_str(&pk, l->mm_hash);
-        msgpack_pack_int64(&pk, l->nbytes);
-        pk_shape(&pk, l->shape, l->ndim);
-        pk_str(&pk, l->dtype);
-        pk_str(&pk, l->transfer_id);
-        msgpack_pack_int64(&pk, l->num_token);
-        if (l->local)
-            msgpack_pack_true(&pk);
-        else
-            msgpack_pack_false(&pk);
+        pk_tensor_head(pk, 7, l->mm_hash, l->nbytes, l->shape, l->ndim, l->dtype);
+        pk_str(pk, l->transfer_id);
+        kvp__mpw_int_small(pk, l->num_token);
+        kvp__mpw_bool(pk, l->local);
     }
-    return finish(&sb, buf_p, len_p);
+    return finish(pk, buf_p, len_p);
 }
 
 kvp_status_t kvp_ec_worker_meta_encode(const kvp_ec_worker_meta_t *w, uint8_t **buf_p, size_t *len_p)
@@ -134,149 +127,52 @@ kvp_status_t kvp_ec_worker_meta_encode(const kvp_ec_worker_meta_t *w, uint8_t **
     if (w->n_loaded > MAX_COUNT || w->n_failed_loads > MAX_COUNT || w->n_reclaimed > MAX_COUNT ||
         w->n_failed_saves > MAX_COUNT)
         return KVP_ERR_INVALID_ARG;
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 8);
-    msgpack_pack_int(&pk, CODEC_VERSION);
-    msgpack_pack_int(&pk, KIND_WORKER);
-    pk_strv(&pk, w->loaded, w->n_loaded);
-    pk_strv(&pk, w->failed_loads, w->n_failed_loads);
-    pk_strv(&pk, w->reclaimed, w->n_reclaimed);
-    if (w->pending_loads)
-        msgpack_pack_true(&pk);
-    else
-        msgpack_pack_false(&pk);
-    if (w->pending_saves)
-        msgpack_pack_true(&pk);
-    else
-        msgpack_pack_false(&pk);
-    pk_strv(&pk, w->failed_saves, w->n_failed_saves);
-    return finish(&sb, buf_p, len_p);
+    kvp__mpw_t out, *pk = &out;
+    pk_begin(pk, 8, KIND_WORKER);
+    pk_strv(pk, w->loaded, w->n_loaded);
+    pk_strv(pk, w->failed_loads, w->n_failed_loads);
+    pk_strv(pk, w->reclaimed, w->n_reclaimed);
+    kvp__mpw_bool(pk, w->pending_loads);
+    kvp__mpw_bool(pk, w->pending_saves);
+    pk_strv(pk, w->failed_saves, w->n_failed_saves);
+    return finish(pk, buf_p, len_p);
 }
 
 /* ---- decoder ---------------------------------------------------------------- */
 
-typedef struct {
-    const uint8_t *p, *end;
-} rd_t;
+typedef kvp__mpr_t rd_t; /* common/mp.h; its error is sticky */
 
-static uint64_t be(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static bool rd_need(rd_t *r, size_t n) { return (size_t)(r->end - r->p) >= n; }
-
+/* every element takes at least one byte */
 static bool rd_array(rd_t *r, size_t *n_p)
 {
-    if (!rd_need(r, 1))
-        return false;
-    uint8_t b = *r->p++;
-    size_t n;
-    if (b >= 0x90 && b <= 0x9f) {
-        n = b & 0x0f;
-    } else if (b == 0xdc) {
-        if (!rd_need(r, 2))
-            return false;
-        n = (size_t)be(r->p, 2);
-        r->p += 2;
-    } else if (b == 0xdd) {
-        if (!rd_need(r, 4))
-            return false;
-        n = (size_t)be(r->p, 4);
-        r->p += 4;
-    } else {
-        return false;
-    }
-    /* every element takes at least one byte */
-    if (n > MAX_COUNT || n > (size_t)(r->end - r->p))
-        return false;
-    *n_p = n;
-    return true;
+    *n_p = kvp__mpr_array_fit(r, MAX_COUNT);
+    return kvp__mpr_ok(r);
 }
 
 static bool rd_int(rd_t *r, int64_t *v)
 {
-    if (!rd_need(r, 1))
-        return false;
-    uint8_t b = *r->p++;
-    if (b <= 0x7f) {
-        *v = b;
-        return true;
-    }
-    if (b >= 0xe0) {
-        *v = (int8_t)b;
-        return true;
-    }
-    int n;
-    bool sgn;
-    switch (b) {
-    case 0xcc: n = 1; sgn = false; break;
-    case 0xcd: n = 2; sgn = false; break;
-    case 0xce: n = 4; sgn = false; break;
-    case 0xcf: n = 8; sgn = false; break;
-    case 0xd0: n = 1; sgn = true; break;
-    case 0xd1: n = 2; sgn = true; break;
-    case 0xd2: n = 4; sgn = true; break;
-    case 0xd3: n = 8; sgn = true; break;
-    default: return false;
-    }
-    if (!rd_need(r, (size_t)n))
-        return false;
-    uint64_t u = be(r->p, n);
-    r->p += n;
-    if (!sgn) {
-        if (u > (uint64_t)INT64_MAX)
-            return false;
-        *v = (int64_t)u;
-    } else {
-        int shift = 64 - 8 * n;
-        *v = shift ? (int64_t)(u << shift) >> shift : (int64_t)u;
-    }
-    return true;
+    *v = kvp__mpr_int(r);
+    return kvp__mpr_ok(r);
 }
 
 static bool rd_bool(rd_t *r, bool *v)
 {
-    if (!rd_need(r, 1))
-        return false;
-    uint8_t b = *r->p++;
-    if (b != 0xc2 && b != 0xc3)
-        return false;
-    *v = b == 0xc3;
-    return true;
+    *v = kvp__mpr_bool(r);
+    return kvp__mpr_ok(r);
 }
 
+/* A string of at most MAX_STR bytes without NUL, as a new kvp__strdup-sized copy. */
 static bool rd_str(rd_t *r, char **out)
 {
-    if (!rd_need(r, 1))
+    uint32_t n;
+    const uint8_t *p = kvp__mpr_str(r, MAX_STR, &n);
+    if (!kvp__mpr_ok(r) || memchr(p, 0, n))
         return false;
-    uint8_t b = *r->p++;
-    size_t n;
-    if (b >= 0xa0 && b <= 0xbf) {
-        n = b & 0x1f;
-    } else if (b >= 0xd9 && b <= 0xdb) {
-        int w = b == 0xd9 ? 1 : b == 0xda ? 2 : 4;
-        if (!rd_need(r, (size_t)w))
-            return false;
-        n = (size_t)be(r->p, w);
-        r->p += w;
-    } else {
-        return false;
-    }
-    if (n > MAX_STR || !rd_need(r, n) || memchr(r->p, 0, n))
-        return false;
-    char *s = kvp__malloc(n + 1);
+    char *s = kvp__malloc((size_t)n + 1);
     if (!s)
         return false;
-    memcpy(s, r->p, n);
+    memcpy(s, p, n);
     s[n] = 0;
-    r->p += n;
     *out = s;
     return true;
 }
@@ -333,7 +229,8 @@ kvp_status_t kvp_ec_meta_decode(const uint8_t *buf, size_t len, kvp_ec_meta_t *m
     memset(m, 0, sizeof *m);
     if (!buf)
         return KVP_ERR_DECODE;
-    rd_t r = {buf, buf + len};
+    rd_t r;
+    kvp__mpr_init(&r, buf, len);
     size_t n;
     if (!rd_header(&r, 6, KIND_META) || !rd_strv(&r, &m->freed, &m->n_freed))
         goto bad;
@@ -382,7 +279,7 @@ kvp_status_t kvp_ec_meta_decode(const uint8_t *buf, size_t len, kvp_ec_meta_t *m
                 goto bad;
         }
     }
-    if (r.p != r.end)
+    if (!kvp__mpr_done(&r))
         goto bad;
     return KVP_OK;
 bad:
@@ -395,11 +292,12 @@ kvp_status_t kvp_ec_worker_meta_decode(const uint8_t *buf, size_t len, kvp_ec_wo
     memset(w, 0, sizeof *w);
     if (!buf)
         return KVP_ERR_DECODE;
-    rd_t r = {buf, buf + len};
+    rd_t r;
+    kvp__mpr_init(&r, buf, len);
     if (!rd_header(&r, 8, KIND_WORKER) || !rd_strv(&r, &w->loaded, &w->n_loaded) ||
         !rd_strv(&r, &w->failed_loads, &w->n_failed_loads) || !rd_strv(&r, &w->reclaimed, &w->n_reclaimed) ||
         !rd_bool(&r, &w->pending_loads) || !rd_bool(&r, &w->pending_saves) ||
-        !rd_strv(&r, &w->failed_saves, &w->n_failed_saves) || r.p != r.end) {
+        !rd_strv(&r, &w->failed_saves, &w->n_failed_saves) || !kvp__mpr_done(&r)) {
         kvp_ec_worker_meta_cleanup(w);
         return KVP_ERR_DECODE;
     }

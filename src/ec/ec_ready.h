@@ -6,19 +6,20 @@
 #ifndef KVP_EC_READY_H
 #define KVP_EC_READY_H
 
-#include "ec/ec_map.h"
+#include "common/list.h"
+#include "common/strmap.h"
 
 typedef struct kvp__ec_rentry {
     char *tid;
     size_t tid_len;
     int64_t *shards; /* distinct shard ids */
     size_t n, cap;
-    struct kvp__ec_rentry *prev, *next;
+    kvp__list_t lru; /* on kvp__ec_ready_t.lru */
 } kvp__ec_rentry_t;
 
 typedef struct {
-    kvp__ec_map_t map; /* tid -> entry */
-    kvp__ec_rentry_t *head, *tail; /* oldest first */
+    kvp__strmap_t map; /* tid -> entry */
+    kvp__list_t lru;   /* the entries, oldest first */
 } kvp__ec_ready_t;
 
 void kvp__ec_ready_init(kvp__ec_ready_t *r);

@@ -17,57 +17,6 @@
 #include "ec/ec_sched_int.h"
 #include "ec/ec_table.h"
 
-typedef struct {
-    char *request_id;
-    char *identifier;
-    kvp_ec_tensor_spec_t spec;
-} candidate_t;
-
-struct kvp_ec_sched {
-    kvp_ec_config_t cfg;
-    char *control_addr;
-    int itemsize;
-    kvp_ec_clock_t clock;
-    kvp_ec_control_t control;
-    kvp_ec_executor_t executor;
-    kvp_ec_inbox_t inbox;
-    int64_t max_pending_events;
-    int64_t max_terminal;
-    kvp__ec_table_t table;
-    kvp__ec_ready_t ready;
-    kvp__ec_sset_t local_cache;
-    kvp__ec_sset_t failed_saves;
-    kvp__ec_sset_t prepared;
-    /* _pushes_to_prepare: an insertion-ordered map tid -> push spec */
-    kvp_ec_push_spec_t *pushes;
-    size_t n_pushes, cap_pushes;
-    kvp__ec_map_t push_index; /* tid -> (index + 1) */
-    candidate_t *cands;
-    size_t n_cands, cap_cands;
-    bool drain_pending;
-    int64_t drained_at;
-    bool pending_work;
-    uint64_t unresolved;
-    kvp_ec_error_t err;
-};
-
-static kvp_status_t fail(kvp_ec_sched_t *s, kvp_ec_error_t e, kvp_status_t st)
-{
-    s->err = e;
-    return st;
-}
-
-static kvp_status_t fail_st(kvp_ec_sched_t *s, kvp_status_t st)
-{
-    if (st == KVP_ERR_NO_MEMORY)
-        return fail(s, KVP_EC_ERR_NO_MEMORY, st);
-    if (st == KVP_ERR_STATE)
-        return fail(s, KVP_EC_ERR_INVALID_TRANSITION, st);
-    return fail(s, KVP_EC_ERR_RUNTIME, st);
-}
-
-static int64_t now_ms(kvp_ec_sched_t *s) { return s->clock.now_ms(s->clock.ctx); }
-
 /* ---- creation -------------------------------------------------------------- */
 
 kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sched_t **sched_p)
@@ -91,7 +40,7 @@ kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sch
     if (!s)
         return KVP_ERR_NO_MEMORY;
     kvp__ec_config_adopt(p->config, &s->cfg); /* cannot fail: validate adopted it */
-    s->control_addr = kvp__ec_strdup(s->cfg.control_addr ? s->cfg.control_addr : addr);
+    s->control_addr = kvp__strdup(s->cfg.control_addr ? s->cfg.control_addr : addr);
     if (!s->control_addr) {
         kvp__free(s, sizeof *s);
         return KVP_ERR_NO_MEMORY;
@@ -107,10 +56,10 @@ kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sch
     s->max_terminal = s->cfg.max_terminal_records < 0 ? KVP_EC_MAX_TERMINAL_RECORDS : s->cfg.max_terminal_records;
     kvp__ec_table_init(&s->table, s->cfg.pool_size, KVP_EC_RESERVATION_TTL_MS);
     kvp__ec_ready_init(&s->ready);
-    kvp__ec_map_init(&s->local_cache);
-    kvp__ec_map_init(&s->failed_saves);
-    kvp__ec_map_init(&s->prepared);
-    kvp__ec_map_init(&s->push_index);
+    kvp__strmap_init(&s->local_cache);
+    kvp__strmap_init(&s->failed_saves);
+    kvp__strmap_init(&s->prepared);
+    kvp__strmap_init(&s->push_index);
     s->drain_pending = true;
     s->drained_at = 0;
     *sched_p = s;
@@ -119,11 +68,11 @@ kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sch
 
 static void push_spec_clear(kvp_ec_push_spec_t *p)
 {
-    kvp__ec_strfree(p->mm_hash);
-    kvp__ec_strfree(p->dtype);
-    kvp__ec_strfree(p->consumer_zmq);
-    kvp__ec_strfree(p->transfer_id);
-    kvp__ec_strfree(p->request_id);
+    kvp__strfree(p->mm_hash);
+    kvp__strfree(p->dtype);
+    kvp__strfree(p->consumer_zmq);
+    kvp__strfree(p->transfer_id);
+    kvp__strfree(p->request_id);
     if (p->shape)
         kvp__free(p->shape, p->ndim * sizeof *p->shape);
     memset(p, 0, sizeof *p);
@@ -131,7 +80,7 @@ static void push_spec_clear(kvp_ec_push_spec_t *p)
 
 static void tensor_spec_clear(kvp_ec_tensor_spec_t *t)
 {
-    kvp__ec_strfree(t->dtype);
+    kvp__strfree(t->dtype);
     if (t->shape)
         kvp__free(t->shape, t->ndim * sizeof *t->shape);
     memset(t, 0, sizeof *t);
@@ -139,8 +88,8 @@ static void tensor_spec_clear(kvp_ec_tensor_spec_t *t)
 
 static void candidate_clear(candidate_t *c)
 {
-    kvp__ec_strfree(c->request_id);
-    kvp__ec_strfree(c->identifier);
+    kvp__strfree(c->request_id);
+    kvp__strfree(c->identifier);
     tensor_spec_clear(&c->spec);
 }
 
@@ -149,7 +98,7 @@ static void clear_pushes(kvp_ec_sched_t *s)
     for (size_t i = 0; i < s->n_pushes; i++)
         push_spec_clear(&s->pushes[i]);
     s->n_pushes = 0;
-    kvp__ec_map_clear(&s->push_index);
+    kvp__strmap_clear(&s->push_index);
 }
 
 static void clear_cands(kvp_ec_sched_t *s)
@@ -165,17 +114,17 @@ void kvp_ec_sched_destroy(kvp_ec_sched_t *s)
         return;
     kvp__ec_table_cleanup(&s->table);
     kvp__ec_ready_cleanup(&s->ready);
-    kvp__ec_sset_cleanup(&s->local_cache);
-    kvp__ec_sset_cleanup(&s->failed_saves);
-    kvp__ec_sset_cleanup(&s->prepared);
+    kvp__strset_cleanup(&s->local_cache);
+    kvp__strset_cleanup(&s->failed_saves);
+    kvp__strset_cleanup(&s->prepared);
     clear_pushes(s);
     if (s->pushes)
         kvp__free(s->pushes, s->cap_pushes * sizeof *s->pushes);
-    kvp__ec_map_cleanup(&s->push_index);
+    kvp__strmap_cleanup(&s->push_index);
     clear_cands(s);
     if (s->cands)
         kvp__free(s->cands, s->cap_cands * sizeof *s->cands);
-    kvp__ec_strfree(s->control_addr);
+    kvp__strfree(s->control_addr);
     kvp__free(s, sizeof *s);
 }
 
@@ -221,7 +170,7 @@ static void warn_unresolved(kvp_ec_sched_t *s, const kvp_ec_request_t *req, size
 
 /* ---- E8: cancels -------------------------------------------------------------- */
 
-static kvp_status_t queue_cancel(kvp_ec_sched_t *s, const char *tid, const char *hash, const char *req)
+kvp_status_t kvp__ec_sched_queue_cancel(kvp_ec_sched_t *s, const char *tid, const char *hash, const char *req)
 {
     bool cancelled;
     kvp_status_t st = kvp__ec_table_cancel(&s->table, tid, now_ms(s), hash, req, &cancelled);
@@ -237,198 +186,6 @@ static kvp_status_t queue_cancel(kvp_ec_sched_t *s, const char *tid, const char 
     return KVP_OK;
 }
 
-/* ---- E1: the event drain ------------------------------------------------------ */
-
-static kvp_ec_error_t shape_of(const kvp_ec_value_t *v, int64_t **shape_p, size_t *ndim_p)
-{
-    *shape_p = NULL;
-    *ndim_p = 0;
-    size_t n;
-    switch (v->type) {
-    case KVP_EC_V_ARRAY: n = v->u.arr.n; break;
-    case KVP_EC_V_OBJECT: n = v->u.obj.n; break;
-    case KVP_EC_V_STR: n = v->u.str.len; break;
-    default: return KVP_EC_ERR_TYPE;
-    }
-    int64_t *shape = n ? kvp__malloc(n * sizeof *shape) : NULL;
-    if (n && !shape)
-        return KVP_EC_ERR_NO_MEMORY;
-    for (size_t i = 0; i < n; i++) {
-        kvp_ec_error_t e;
-        if (v->type == KVP_EC_V_ARRAY) {
-            e = kvp__ec_py_int(&v->u.arr.items[i], &shape[i]);
-        } else {
-            /* iterating an object gives its keys; a string, its characters */
-            kvp_ec_value_t k = {.type = KVP_EC_V_STR};
-            char ch[2];
-            if (v->type == KVP_EC_V_OBJECT) {
-                k.u.str.ptr = v->u.obj.members[i].key;
-                k.u.str.len = v->u.obj.members[i].key_len;
-            } else {
-                ch[0] = v->u.str.ptr[i];
-                ch[1] = 0;
-                k.u.str.ptr = ch;
-                k.u.str.len = 1;
-            }
-            e = kvp__ec_py_int(&k, &shape[i]);
-        }
-        if (e != KVP_EC_ERR_NONE) {
-            if (shape)
-                kvp__free(shape, n * sizeof *shape);
-            return e;
-        }
-    }
-    *shape_p = shape;
-    *ndim_p = n;
-    return KVP_EC_ERR_NONE;
-}
-
-/* E2: returns true when the event may be stored (every shard reported). */
-static kvp_ec_error_t note_shard_ready(kvp_ec_sched_t *s, const kvp_ec_value_t *data, const char *tid, bool *ok_p)
-{
-    *ok_p = false;
-    size_t shard_count = s->inbox.shard_count(s->inbox.ctx);
-    if (shard_count <= 1) {
-        *ok_p = true;
-        return KVP_EC_ERR_NONE;
-    }
-    kvp__ec_rec_t *r = kvp__ec_table_get(&s->table, tid);
-    if (r && r->state != KVP_EC_WAITING_EVENT)
-        return KVP_EC_ERR_NONE;
-    const kvp_ec_value_t *shard = kvp_ec_value_get(data, "shard");
-    kvp__ec_rentry_t *e;
-    if (kvp__ec_ready_touch(&s->ready, tid, &e) != KVP_OK)
-        return KVP_EC_ERR_NO_MEMORY;
-    int64_t id = (int64_t)e->n;
-    if (shard && shard->type != KVP_EC_V_NULL) {
-        kvp_ec_error_t err = kvp__ec_py_int(shard, &id);
-        if (err != KVP_EC_ERR_NONE)
-            return err; /* the entry was created and moved already, as in the original */
-    }
-    if (kvp__ec_ready_add(e, id) != KVP_OK)
-        return KVP_EC_ERR_NO_MEMORY;
-    if (e->n < shard_count) {
-        kvp__ec_ready_trim(&s->ready, (size_t)s->max_pending_events);
-        return KVP_EC_ERR_NONE;
-    }
-    kvp__ec_ready_forget(&s->ready, tid);
-    *ok_p = true;
-    return KVP_EC_ERR_NONE;
-}
-
-static kvp_ec_error_t store_pushed_spec(kvp_ec_sched_t *s, const kvp_ec_value_t *data, const char *tid, int64_t now)
-{
-    const kvp_ec_value_t *h = kvp_ec_value_get(data, "mm_hash");
-    const kvp_ec_value_t *nb = kvp_ec_value_get(data, "nbytes");
-    const kvp_ec_value_t *sh = kvp_ec_value_get(data, "shape");
-    const kvp_ec_value_t *dt = kvp_ec_value_get(data, "dtype");
-    if (!h)
-        return KVP_EC_ERR_KEY;
-    kvp__ec_spec_t *spec = kvp__calloc(1, sizeof *spec);
-    if (!spec)
-        return KVP_EC_ERR_NO_MEMORY;
-    kvp_ec_error_t e = KVP_EC_ERR_NONE;
-    if (kvp__ec_py_str(h, &spec->mm_hash) != KVP_OK) {
-        e = KVP_EC_ERR_NO_MEMORY;
-        goto out;
-    }
-    if (!nb) {
-        e = KVP_EC_ERR_KEY;
-        goto out;
-    }
-    if ((e = kvp__ec_py_int(nb, &spec->nbytes)) != KVP_EC_ERR_NONE)
-        goto out;
-    if (!sh) {
-        e = KVP_EC_ERR_KEY;
-        goto out;
-    }
-    if ((e = shape_of(sh, &spec->shape, &spec->ndim)) != KVP_EC_ERR_NONE)
-        goto out;
-    if (!dt) {
-        e = KVP_EC_ERR_KEY;
-        goto out;
-    }
-    if (kvp__ec_py_str(dt, &spec->dtype) != KVP_OK || !(spec->transfer_id = kvp__ec_strdup(tid))) {
-        e = KVP_EC_ERR_NO_MEMORY;
-        goto out;
-    }
-    bool accepted;
-    kvp_ec_error_t te = KVP_EC_ERR_NONE;
-    kvp_status_t st = kvp__ec_table_observe_ready(&s->table, spec, now + KVP_EC_RESERVATION_TTL_MS, &accepted, &te);
-    if (st != KVP_OK)
-        return te == KVP_EC_ERR_NONE ? KVP_EC_ERR_RUNTIME : te;
-    return KVP_EC_ERR_NONE;
-out:
-    kvp__ec_spec_free(spec);
-    return e;
-}
-
-static kvp_ec_error_t accept_ready_event(kvp_ec_sched_t *s, const kvp_ec_value_t *data, int64_t now)
-{
-    const kvp_ec_value_t *tv = kvp_ec_value_get(data, "transfer_id");
-    if (!tv)
-        return KVP_EC_ERR_KEY;
-    char *tid;
-    if (kvp__ec_py_str(tv, &tid) != KVP_OK)
-        return KVP_EC_ERR_NO_MEMORY;
-    kvp_ec_error_t e = KVP_EC_ERR_NONE;
-    kvp__ec_rec_t *r = kvp__ec_table_get(&s->table, tid);
-    if (r && kvp__ec_state_terminal(r->state))
-        goto out;
-    bool ok;
-    if ((e = note_shard_ready(s, data, tid, &ok)) != KVP_EC_ERR_NONE || !ok)
-        goto out;
-    e = store_pushed_spec(s, data, tid, now);
-out:
-    kvp__ec_strfree(tid);
-    return e;
-}
-
-static kvp_status_t drain_push_notifications(kvp_ec_sched_t *s)
-{
-    int64_t now = now_ms(s);
-    if (!s->drain_pending && now - s->drained_at < KVP_EC_DRAIN_MIN_INTERVAL_MS)
-        return KVP_OK;
-    s->drain_pending = false;
-    s->drained_at = now;
-    /* Expire the table; each lease that ran out gets a remote cancel. */
-    char **expired;
-    size_t n_expired;
-    kvp_status_t st = kvp__ec_table_expire(&s->table, now, s->max_terminal, &expired, &n_expired);
-    if (st != KVP_OK) {
-        kvp__ec_strv_free(expired, n_expired);
-        return fail_st(s, st);
-    }
-    for (size_t i = 0; i < n_expired && st == KVP_OK; i++)
-        if (expired[i])
-            st = queue_cancel(s, expired[i], "", "");
-    kvp__ec_strv_free(expired, n_expired);
-    if (st != KVP_OK)
-        return st;
-    const kvp_ec_value_t *const *events = NULL;
-    size_t n_events = 0;
-    st = s->inbox.drain(s->inbox.ctx, s->control_addr, &events, &n_events);
-    if (st != KVP_OK) {
-        kvp_warn("EC readiness inbox drain failed: %s", kvp_status_str(st));
-        return KVP_OK;
-    }
-    for (size_t i = 0; i < n_events; i++) {
-        const kvp_ec_value_t *data = events[i];
-        kvp_ec_error_t e;
-        if (!data || data->type != KVP_EC_V_OBJECT)
-            e = KVP_EC_ERR_TYPE;
-        else if (!kvp__ec_py_truthy(kvp_ec_value_get(data, "ready")))
-            continue;
-        else
-            e = accept_ready_event(s, data, now);
-        if (e == KVP_EC_ERR_NO_MEMORY)
-            return fail(s, e, KVP_ERR_NO_MEMORY);
-        if (e != KVP_EC_ERR_NONE)
-            kvp_warn("Discarding a malformed EC readiness event (%s).", kvp_ec_error_name(e));
-    }
-    return KVP_OK;
-}
-
 /* ---- E3 ------------------------------------------------------------------------ */
 
 kvp_status_t kvp_ec_sched_has_cache_item(kvp_ec_sched_t *s, const char *identifier, bool *ret_p)
@@ -437,7 +194,7 @@ kvp_status_t kvp_ec_sched_has_cache_item(kvp_ec_sched_t *s, const char *identifi
     *ret_p = false;
     if (!s->cfg.is_consumer)
         return KVP_OK;
-    kvp_status_t st = drain_push_notifications(s);
+    kvp_status_t st = kvp__ec_sched_drain(s);
     if (st != KVP_OK)
         return st;
     *ret_p = kvp__ec_table_has_state(&s->table, identifier,
@@ -453,11 +210,11 @@ static kvp_status_t output_spec(kvp_ec_sched_t *s, const kvp_ec_request_t *req, 
     int64_t *shape = kvp__malloc(2 * sizeof *shape);
     char name[32];
     snprintf(name, sizeof name, "%s%s", torch_prefix ? "torch." : "", kvp_ec_dtype_name(s->cfg.dtype));
-    char *dtype = kvp__ec_strdup(name);
+    char *dtype = kvp__strdup(name);
     if (!shape || !dtype) {
         if (shape)
             kvp__free(shape, 2 * sizeof *shape);
-        kvp__ec_strfree(dtype);
+        kvp__strfree(dtype);
         return KVP_ERR_NO_MEMORY;
     }
     shape[0] = req->features[index].num_embeds;
@@ -482,26 +239,26 @@ static kvp_status_t prepare_push_spec(kvp_ec_sched_t *s, const kvp_ec_request_t 
         fallback_id(fb, sizeof fb, req, index);
         tid = fb;
     }
-    if (!czmq || !czmq[0] || kvp__ec_sset_has(&s->prepared, tid))
+    if (!czmq || !czmq[0] || kvp__strset_has(&s->prepared, tid))
         return KVP_OK;
     kvp_ec_push_spec_t p = {0};
     p.ndim = 2;
     kvp_status_t st = output_spec(s, req, index, false, &p.shape, &p.dtype, &p.nbytes);
     if (st != KVP_OK)
         return st;
-    p.mm_hash = kvp__ec_strdup(req->features[index].identifier);
-    p.consumer_zmq = kvp__ec_strdup(czmq);
-    p.transfer_id = kvp__ec_strdup(tid);
-    p.request_id = kvp__ec_strdup(req->request_id);
+    p.mm_hash = kvp__strdup(req->features[index].identifier);
+    p.consumer_zmq = kvp__strdup(czmq);
+    p.transfer_id = kvp__strdup(tid);
+    p.request_id = kvp__strdup(req->request_id);
     if (!p.mm_hash || !p.consumer_zmq || !p.transfer_id || !p.request_id)
         goto oom;
-    uintptr_t at = (uintptr_t)kvp__ec_map_gets(&s->push_index, tid);
+    uintptr_t at = (uintptr_t)kvp__strmap_gets(&s->push_index, tid);
     if (at) {
         /* dict re-assignment: the value changes, the position stays */
         kvp_ec_push_spec_t old = s->pushes[at - 1];
         s->pushes[at - 1] = p;
         /* re-seat the key on the new copy before the old one is freed */
-        kvp_status_t pst = kvp__ec_map_put(&s->push_index, p.transfer_id, strlen(tid), (void *)at);
+        kvp_status_t pst = kvp__strmap_put(&s->push_index, p.transfer_id, strlen(tid), (void *)at);
         push_spec_clear(&old);
         if (pst != KVP_OK)
             return pst;
@@ -515,21 +272,21 @@ static kvp_status_t prepare_push_spec(kvp_ec_sched_t *s, const kvp_ec_request_t 
             s->pushes = np;
             s->cap_pushes = ncap;
             /* keys point into the moved array: re-seat them */
-            kvp__ec_map_clear(&s->push_index);
+            kvp__strmap_clear(&s->push_index);
             for (size_t i = 0; i < s->n_pushes; i++)
-                if (kvp__ec_map_put(&s->push_index, np[i].transfer_id, strlen(np[i].transfer_id),
+                if (kvp__strmap_put(&s->push_index, np[i].transfer_id, strlen(np[i].transfer_id),
                                     (void *)(uintptr_t)(i + 1)) != KVP_OK)
                     goto oom;
         }
         s->pushes[s->n_pushes] = p;
-        if (kvp__ec_map_put(&s->push_index, s->pushes[s->n_pushes].transfer_id, strlen(tid),
+        if (kvp__strmap_put(&s->push_index, s->pushes[s->n_pushes].transfer_id, strlen(tid),
                             (void *)(uintptr_t)(s->n_pushes + 1)) != KVP_OK) {
             push_spec_clear(&s->pushes[s->n_pushes]);
             return KVP_ERR_NO_MEMORY;
         }
         s->n_pushes++;
     }
-    return kvp__ec_sset_add(&s->prepared, tid, NULL);
+    return kvp__strset_add(&s->prepared, tid, NULL);
 oom:
     push_spec_clear(&p);
     return KVP_ERR_NO_MEMORY;
@@ -582,7 +339,7 @@ kvp_status_t kvp_ec_sched_ensure_cache_available(kvp_ec_sched_t *s, const kvp_ec
         *ret_p = true;
         return KVP_OK;
     }
-    if ((st = drain_push_notifications(s)) != KVP_OK)
+    if ((st = kvp__ec_sched_drain(s)) != KVP_OK)
         return st;
     int64_t now = now_ms(s);
     bool all_ready = true;
@@ -594,7 +351,7 @@ kvp_status_t kvp_ec_sched_ensure_cache_available(kvp_ec_sched_t *s, const kvp_ec
         const char *tid = kvp_ec_request_transfer_id(req, i);
         if (tid)
             kvp__ec_table_touch_available(&s->table, tid, now + KVP_EC_RESERVATION_TTL_MS);
-        if (kvp__ec_sset_has(&s->local_cache, hash))
+        if (kvp__strset_has(&s->local_cache, hash))
             continue;
         if (kvp__ec_table_has_state(&s->table, hash, KVP__EC_S(KVP_EC_READY)))
             continue;
@@ -630,7 +387,7 @@ kvp_status_t kvp_ec_sched_update_state_after_alloc(kvp_ec_sched_t *s, const kvp_
     if (index >= req->n_features)
         return fail(s, KVP_EC_ERR_INDEX, KVP_ERR_INVALID_ARG);
     const kvp_ec_feature_t *f = &req->features[index];
-    kvp_status_t st = kvp__ec_sset_add(&s->local_cache, f->identifier, NULL);
+    kvp_status_t st = kvp__strset_add(&s->local_cache, f->identifier, NULL);
     if (st != KVP_OK)
         return fail_st(s, st);
     if (!s->cfg.is_producer)
@@ -649,8 +406,8 @@ kvp_status_t kvp_ec_sched_update_state_after_alloc(kvp_ec_sched_t *s, const kvp_
         candidate_t c = {0};
         c.spec.ndim = 2;
         st = output_spec(s, req, index, true, &c.spec.shape, &c.spec.dtype, &c.spec.nbytes);
-        c.request_id = kvp__ec_strdup(req->request_id);
-        c.identifier = kvp__ec_strdup(f->identifier);
+        c.request_id = kvp__strdup(req->request_id);
+        c.identifier = kvp__strdup(f->identifier);
         if (st != KVP_OK || !c.request_id || !c.identifier) {
             if (st != KVP_OK)
                 c.spec.ndim = 0;
@@ -674,7 +431,7 @@ kvp_status_t kvp_ec_sched_update_state_after_free(kvp_ec_sched_t *s, const kvp_e
         warn_unresolved(s, req, index, "encoder-cache free");
         return KVP_OK;
     }
-    return queue_cancel(s, tid, req->features[index].identifier, req->request_id);
+    return kvp__ec_sched_queue_cancel(s, tid, req->features[index].identifier, req->request_id);
 }
 
 /* ---- E9 ------------------------------------------------------------------------- */
@@ -696,7 +453,7 @@ static kvp_status_t strv_copy(const char *const *src, size_t n, char ***out_p)
     if (!v)
         return KVP_ERR_NO_MEMORY;
     for (size_t i = 0; i < n; i++)
-        if (!(v[i] = kvp__ec_strdup(src[i]))) {
+        if (!(v[i] = kvp__strdup(src[i]))) {
             kvp__ec_strv_free(v, n);
             return KVP_ERR_NO_MEMORY;
         }
@@ -707,9 +464,9 @@ static kvp_status_t strv_copy(const char *const *src, size_t n, char ***out_p)
 static kvp_status_t load_from_spec(kvp_ec_load_spec_t *l, const kvp__ec_spec_t *sp)
 {
     memset(l, 0, sizeof *l);
-    l->mm_hash = kvp__ec_strdup(sp->mm_hash);
-    l->dtype = kvp__ec_strdup(sp->dtype);
-    l->transfer_id = kvp__ec_strdup(sp->transfer_id);
+    l->mm_hash = kvp__strdup(sp->mm_hash);
+    l->dtype = kvp__strdup(sp->dtype);
+    l->transfer_id = kvp__strdup(sp->transfer_id);
     l->shape = sp->ndim ? kvp__malloc(sp->ndim * sizeof *l->shape) : NULL;
     l->ndim = l->shape || !sp->ndim ? sp->ndim : 0;
     l->nbytes = sp->nbytes;
@@ -729,7 +486,7 @@ kvp_status_t kvp_ec_sched_build_connector_meta(kvp_ec_sched_t *s, const char *co
     memset(meta, 0, sizeof *meta);
     kvp_status_t st;
     for (size_t i = 0; i < n_freed; i++) {
-        kvp__ec_sset_discard(&s->local_cache, freed[i]);
+        kvp__strset_discard(&s->local_cache, freed[i]);
         if ((st = kvp__ec_table_release_ready(&s->table, freed[i], now_ms(s))) != KVP_OK)
             return fail_st(s, st);
     }
@@ -738,7 +495,7 @@ kvp_status_t kvp_ec_sched_build_connector_meta(kvp_ec_sched_t *s, const char *co
     if ((st = kvp__ec_table_drain_orphaned(&s->table, &orphans, &n_orphans)) != KVP_OK)
         return fail_st(s, st);
     for (size_t i = 0; i < n_orphans && orphans[i] && st == KVP_OK; i++)
-        st = queue_cancel(s, orphans[i], "", "");
+        st = kvp__ec_sched_queue_cancel(s, orphans[i], "", "");
     kvp__ec_strv_free(orphans, n_orphans);
     if (st != KVP_OK)
         return st;
@@ -796,7 +553,7 @@ kvp_status_t kvp_ec_sched_build_connector_meta(kvp_ec_sched_t *s, const char *co
         memcpy(meta->pushes, s->pushes, s->n_pushes * sizeof *meta->pushes);
         meta->n_pushes = s->n_pushes;
         s->n_pushes = 0;
-        kvp__ec_map_clear(&s->push_index);
+        kvp__strmap_clear(&s->push_index);
     }
 
     kvp__ec_rec_t **loads;
@@ -843,16 +600,16 @@ static kvp_status_t for_each_distinct(kvp_ec_sched_t *s, char *const *v, size_t 
             st = fn(s, v[i]);
         return st;
     }
-    kvp__ec_map_t seen;
-    kvp__ec_map_init(&seen);
+    kvp__strmap_t seen;
+    kvp__strmap_init(&seen);
     for (size_t i = 0; i < n && st == KVP_OK; i++) {
         size_t len = strlen(v[i]);
-        if (kvp__ec_map_get(&seen, v[i], len))
+        if (kvp__strmap_get(&seen, v[i], len))
             continue;
-        if ((st = kvp__ec_map_put(&seen, v[i], len, v[i])) == KVP_OK)
+        if ((st = kvp__strmap_put(&seen, v[i], len, v[i])) == KVP_OK)
             st = fn(s, v[i]);
     }
-    kvp__ec_map_cleanup(&seen);
+    kvp__strmap_cleanup(&seen);
     return st;
 }
 
@@ -872,7 +629,7 @@ kvp_status_t kvp_ec_sched_update_connector_output(kvp_ec_sched_t *s, const kvp_e
         return fail_st(s, st);
     s->pending_work = wm->pending_saves;
     for (size_t i = 0; i < wm->n_failed_saves; i++)
-        if ((st = kvp__ec_sset_add(&s->failed_saves, wm->failed_saves[i], NULL)) != KVP_OK)
+        if ((st = kvp__strset_add(&s->failed_saves, wm->failed_saves[i], NULL)) != KVP_OK)
             return fail_st(s, st);
     return KVP_OK;
 }
@@ -894,7 +651,7 @@ kvp_status_t kvp_ec_sched_take_unavailable_requests(kvp_ec_sched_t *s, kvp_ec_st
     if (st == KVP_OK && n) {
         size_t k = 0;
         for (size_t i = 0; i < s->failed_saves.cap; i++) {
-            kvp__ec_slot_t *sl = &s->failed_saves.slots[i];
+            kvp__strmap_slot_t *sl = &s->failed_saves.slots[i];
             if (sl->key) {
                 out->v[k++] = sl->val; /* ownership moves to out */
                 sl->val = NULL;
@@ -902,9 +659,9 @@ kvp_status_t kvp_ec_sched_take_unavailable_requests(kvp_ec_sched_t *s, kvp_ec_st
         }
         out->n = k;
         qsort(out->v, k, sizeof *out->v, cmp_str);
-        kvp__ec_map_clear(&s->failed_saves);
+        kvp__strmap_clear(&s->failed_saves);
     } else {
-        kvp__ec_sset_clear(&s->failed_saves);
+        kvp__strset_clear(&s->failed_saves);
     }
     return st == KVP_OK ? KVP_OK : fail_st(s, st);
 }
@@ -925,7 +682,7 @@ kvp_status_t kvp_ec_sched_request_finished(kvp_ec_sched_t *s, const kvp_ec_reque
                 warn_unresolved(s, req, i, "request finish");
                 continue;
             }
-            if ((st = queue_cancel(s, tid, req->features[i].identifier, req->request_id)) != KVP_OK)
+            if ((st = kvp__ec_sched_queue_cancel(s, tid, req->features[i].identifier, req->request_id)) != KVP_OK)
                 return st;
         }
     }
@@ -937,7 +694,7 @@ kvp_status_t kvp_ec_sched_request_finished(kvp_ec_sched_t *s, const kvp_ec_reque
                 fallback_id(fb, sizeof fb, req, i);
                 tid = fb;
             }
-            kvp__ec_sset_discard(&s->prepared, tid);
+            kvp__strset_discard(&s->prepared, tid);
         }
     }
     if (!s->cfg.is_producer || !req->n_features)
@@ -952,14 +709,14 @@ kvp_status_t kvp_ec_sched_request_finished(kvp_ec_sched_t *s, const kvp_ec_reque
             j++;
         kvp_ec_finished_item_t *it = &out->items[j];
         if (j == out->n_items) {
-            if (!(it->identifier = kvp__ec_strdup(f->identifier)))
+            if (!(it->identifier = kvp__strdup(f->identifier)))
                 goto oom;
             out->n_items++;
         }
-        kvp__ec_strfree(it->modality);
-        kvp__ec_strfree(it->transfer_id); /* the metadata dict is replaced whole */
+        kvp__strfree(it->modality);
+        kvp__strfree(it->transfer_id); /* the metadata dict is replaced whole */
         it->transfer_id = NULL;
-        if (!(it->modality = kvp__ec_strdup(f->modality)))
+        if (!(it->modality = kvp__strdup(f->modality)))
             goto oom;
         it->offset = f->offset;
         it->length = f->length;
@@ -971,8 +728,8 @@ kvp_status_t kvp_ec_sched_request_finished(kvp_ec_sched_t *s, const kvp_ec_reque
         size_t j = 0;
         while (strcmp(out->items[j].identifier, req->features[i].identifier))
             j++;
-        kvp__ec_strfree(out->items[j].transfer_id);
-        if (!(out->items[j].transfer_id = kvp__ec_strdup(tid)))
+        kvp__strfree(out->items[j].transfer_id);
+        if (!(out->items[j].transfer_id = kvp__strdup(tid)))
             goto oom;
     }
     if (out->n_items < req->n_features) {

@@ -8,7 +8,7 @@
 void kvp_ec_sched_table_visit(const kvp_ec_sched_t *s, int (*cb)(void *ctx, const kvp_ec_record_view_t *rec),
                               void *ctx)
 {
-    for (const kvp__ec_rec_t *r = kvp__ec_sched_table_view(s)->head; r; r = r->next) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &kvp__ec_sched_table_view(s)->order, const kvp__ec_rec_t, order) {
         kvp_ec_record_view_t v = {r->tid, r->hash, r->req, r->state, r->has_deadline, r->deadline};
         if (cb(ctx, &v))
             return;

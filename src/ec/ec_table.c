@@ -62,7 +62,7 @@ void kvp__ec_strv_free(char **v, size_t n)
     if (!v)
         return;
     for (size_t i = 0; i < n; i++)
-        kvp__ec_strfree(v[i]);
+        kvp__strfree(v[i]);
     kvp__free(v, n * sizeof *v);
 }
 
@@ -70,9 +70,9 @@ void kvp__ec_spec_free(kvp__ec_spec_t *s)
 {
     if (!s)
         return;
-    kvp__ec_strfree(s->mm_hash);
-    kvp__ec_strfree(s->dtype);
-    kvp__ec_strfree(s->transfer_id);
+    kvp__strfree(s->mm_hash);
+    kvp__strfree(s->dtype);
+    kvp__strfree(s->transfer_id);
     if (s->shape)
         kvp__free(s->shape, s->ndim * sizeof *s->shape);
     kvp__free(s, sizeof *s);
@@ -84,9 +84,9 @@ kvp__ec_spec_t *kvp__ec_spec_clone(const kvp__ec_spec_t *s)
     if (!c)
         return NULL;
     *c = *s;
-    c->mm_hash = kvp__ec_strdup(s->mm_hash);
-    c->dtype = kvp__ec_strdup(s->dtype);
-    c->transfer_id = kvp__ec_strdup(s->transfer_id);
+    c->mm_hash = kvp__strdup(s->mm_hash);
+    c->dtype = kvp__strdup(s->dtype);
+    c->transfer_id = kvp__strdup(s->transfer_id);
     c->shape = s->ndim ? kvp__malloc(s->ndim * sizeof *s->shape) : NULL;
     if (!c->mm_hash || !c->dtype || !c->transfer_id || (s->ndim && !c->shape)) {
         if (s->ndim && !c->shape)
@@ -104,17 +104,21 @@ void kvp__ec_table_init(kvp__ec_table_t *t, int64_t resident_capacity, int64_t t
     memset(t, 0, sizeof *t);
     t->resident_capacity = resident_capacity;
     t->tombstone_ttl_ms = tombstone_ttl_ms;
-    kvp__ec_map_init(&t->records);
-    kvp__ec_map_init(&t->hashes);
-    kvp__ec_map_init(&t->unavailable);
-    kvp__ec_map_init(&t->orphan_set);
+    kvp__strmap_init(&t->records);
+    kvp__strmap_init(&t->hashes);
+    kvp__list_init(&t->order);
+    kvp__list_init(&t->dispatch);
+    for (int s = 0; s < KVP_EC_NUM_STATES; s++)
+        kvp__list_init(&t->states[s]);
+    kvp__strmap_init(&t->unavailable);
+    kvp__strmap_init(&t->orphan_set);
 }
 
 static void rec_free(kvp__ec_rec_t *r)
 {
-    kvp__ec_strfree(r->tid);
-    kvp__ec_strfree(r->req);
-    kvp__ec_strfree(r->hash);
+    kvp__strfree(r->tid);
+    kvp__strfree(r->req);
+    kvp__strfree(r->hash);
     kvp__ec_spec_free(r->spec);
     kvp__ec_strv_free(r->notified, r->cap_notified);
     kvp__free(r, sizeof *r);
@@ -122,108 +126,54 @@ static void rec_free(kvp__ec_rec_t *r)
 
 void kvp__ec_table_cleanup(kvp__ec_table_t *t)
 {
-    kvp__ec_rec_t *r = t->head;
-    while (r) {
-        kvp__ec_rec_t *n = r->next;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, n, &t->order, kvp__ec_rec_t, order)
         rec_free(r);
-        r = n;
-    }
     for (size_t i = 0; i < t->hashes.cap; i++) {
         if (!t->hashes.slots[i].key)
             continue;
         kvp__ec_hent_t *h = t->hashes.slots[i].val;
-        kvp__ec_strfree(h->hash);
+        kvp__strfree(h->hash);
         kvp__free(h, sizeof *h);
     }
-    kvp__ec_map_cleanup(&t->records);
-    kvp__ec_map_cleanup(&t->hashes);
-    kvp__ec_sset_cleanup(&t->unavailable);
-    kvp__ec_sset_cleanup(&t->orphan_set);
+    kvp__strmap_cleanup(&t->records);
+    kvp__strmap_cleanup(&t->hashes);
+    kvp__strset_cleanup(&t->unavailable);
+    kvp__strset_cleanup(&t->orphan_set);
     kvp__ec_strv_free(t->orphans, t->cap_orphans);
     memset(t, 0, sizeof *t);
 }
 
 /* ---- record-order list ---------------------------------------------------- */
 
-static void order_unlink(kvp__ec_table_t *t, kvp__ec_rec_t *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        t->head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
-        t->tail = r->prev;
-    r->prev = r->next = NULL;
-}
-
 static void order_append(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
-    r->prev = t->tail;
-    r->next = NULL;
-    if (t->tail)
-        t->tail->next = r;
-    else
-        t->head = r;
-    t->tail = r;
+    kvp__list_add_tail(&t->order, &r->order);
     r->seq = ++t->next_seq;
 }
 
-static void dispatch_unlink(kvp__ec_table_t *t, kvp__ec_rec_t *r)
-{
-    if (!r->in_dispatch)
-        return;
-    if (r->dprev)
-        r->dprev->dnext = r->dnext;
-    else
-        t->dhead = r->dnext;
-    if (r->dnext)
-        r->dnext->dprev = r->dprev;
-    else
-        t->dtail = r->dprev;
-    r->dprev = r->dnext = NULL;
-    r->in_dispatch = false;
-}
+static void dispatch_unlink(kvp__ec_rec_t *r) { kvp__list_del(&r->dlink); }
 
 static void dispatch_append(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
-    if (r->in_dispatch)
+    if (kvp__list_linked(&r->dlink))
         return; /* an OrderedDict re-assignment keeps the old position */
-    r->dprev = t->dtail;
-    r->dnext = NULL;
-    if (t->dtail)
-        t->dtail->dnext = r;
-    else
-        t->dhead = r;
-    t->dtail = r;
-    r->in_dispatch = true;
+    kvp__list_add_tail(&t->dispatch, &r->dlink);
 }
 
 /* ---- accounting shared by insert, remove and set_state ------------------- */
 
 static void state_list(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
 {
-    kvp_ec_state_t st = r->state;
-    if (sign < 0) {
-        if (r->sprev)
-            r->sprev->snext = r->snext;
-        else
-            t->shead[st] = r->snext;
-        if (r->snext)
-            r->snext->sprev = r->sprev;
-        else
-            t->stail[st] = r->sprev;
-        r->sprev = r->snext = NULL;
-    } else {
-        r->sprev = t->stail[st];
-        r->snext = NULL;
-        if (t->stail[st])
-            t->stail[st]->snext = r;
-        else
-            t->shead[st] = r;
-        t->stail[st] = r;
-    }
+    if (sign < 0)
+        kvp__list_del(&r->slink);
+    else
+        kvp__list_add_tail(&t->states[r->state], &r->slink);
+}
+
+/* The oldest record in state st, or NULL. */
+static kvp__ec_rec_t *state_first(const kvp__ec_table_t *t, kvp_ec_state_t st)
+{
+    return KVP_LIST_FIRST_ENTRY(&t->states[st], kvp__ec_rec_t, slink);
 }
 
 static void account(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
@@ -246,9 +196,13 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
     kvp__ec_rec_t *r = kvp__calloc(1, sizeof *r);
     if (!r)
         return KVP_ERR_NO_MEMORY;
-    r->tid = kvp__ec_strdup(tid);
-    r->req = kvp__ec_strdup(req ? req : "");
-    r->hash = kvp__ec_strdup(hash ? hash : "");
+    kvp__list_init(&r->order);
+    kvp__list_init(&r->hlink);
+    kvp__list_init(&r->dlink);
+    kvp__list_init(&r->slink);
+    r->tid = kvp__strdup(tid);
+    r->req = kvp__strdup(req ? req : "");
+    r->hash = kvp__strdup(hash ? hash : "");
     if (!r->tid || !r->req || !r->hash)
         goto oom;
     r->tid_len = strlen(r->tid);
@@ -258,36 +212,32 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
     kvp__ec_hent_t *h = NULL;
     bool new_hent = false;
     if (r->hash[0]) {
-        h = kvp__ec_map_gets(&t->hashes, r->hash);
+        h = kvp__strmap_gets(&t->hashes, r->hash);
         if (!h) {
             h = kvp__calloc(1, sizeof *h);
             if (!h)
                 goto oom;
-            h->hash = kvp__ec_strdup(r->hash);
-            if (!h->hash || kvp__ec_map_put(&t->hashes, h->hash, strlen(h->hash), h) != KVP_OK) {
-                kvp__ec_strfree(h->hash);
+            kvp__list_init(&h->recs);
+            h->hash = kvp__strdup(r->hash);
+            if (!h->hash || kvp__strmap_put(&t->hashes, h->hash, strlen(h->hash), h) != KVP_OK) {
+                kvp__strfree(h->hash);
                 kvp__free(h, sizeof *h);
                 goto oom;
             }
             new_hent = true;
         }
     }
-    if (kvp__ec_map_put(&t->records, r->tid, r->tid_len, r) != KVP_OK) {
+    if (kvp__strmap_put(&t->records, r->tid, r->tid_len, r) != KVP_OK) {
         if (new_hent) {
-            kvp__ec_map_del(&t->hashes, h->hash, strlen(h->hash));
-            kvp__ec_strfree(h->hash);
+            kvp__strmap_del(&t->hashes, h->hash, strlen(h->hash));
+            kvp__strfree(h->hash);
             kvp__free(h, sizeof *h);
         }
         goto oom;
     }
     if (h) {
         r->hent = h;
-        r->hprev = h->tail;
-        if (h->tail)
-            h->tail->hnext = r;
-        else
-            h->head = r;
-        h->tail = r;
+        kvp__list_add_tail(&h->recs, &r->hlink);
     }
     order_append(t, r);
     account(t, r, +1);
@@ -302,22 +252,15 @@ oom:
 static void remove_rec(kvp__ec_table_t *t, kvp__ec_rec_t *r)
 {
     account(t, r, -1);
-    kvp__ec_map_del(&t->records, r->tid, r->tid_len);
-    order_unlink(t, r);
-    dispatch_unlink(t, r);
+    kvp__strmap_del(&t->records, r->tid, r->tid_len);
+    kvp__list_del(&r->order);
+    dispatch_unlink(r);
     kvp__ec_hent_t *h = r->hent;
     if (h) {
-        if (r->hprev)
-            r->hprev->hnext = r->hnext;
-        else
-            h->head = r->hnext;
-        if (r->hnext)
-            r->hnext->hprev = r->hprev;
-        else
-            h->tail = r->hprev;
-        if (!h->head) {
-            kvp__ec_map_del(&t->hashes, h->hash, strlen(h->hash));
-            kvp__ec_strfree(h->hash);
+        kvp__list_del(&r->hlink);
+        if (kvp__list_empty(&h->recs)) {
+            kvp__strmap_del(&t->hashes, h->hash, strlen(h->hash));
+            kvp__strfree(h->hash);
             kvp__free(h, sizeof *h);
         }
     }
@@ -337,7 +280,7 @@ kvp_status_t kvp__ec_table_set_state(kvp__ec_table_t *t, kvp__ec_rec_t *r, kvp_e
     }
     r->state = to;
     account(t, r, +1);
-    order_unlink(t, r);
+    kvp__list_del(&r->order);
     order_append(t, r);
     t->version++;
     return KVP_OK;
@@ -347,10 +290,10 @@ static void set_req_if_empty(kvp__ec_table_t *t, kvp__ec_rec_t *r, const char *r
 {
     if (r->req[0] || !req || !req[0])
         return;
-    char *c = kvp__ec_strdup(req);
+    char *c = kvp__strdup(req);
     if (!c)
         return; /* out of memory: the request id stays unknown (display only) */
-    kvp__ec_strfree(r->req);
+    kvp__strfree(r->req);
     r->req = c;
     t->version++;
 }
@@ -366,12 +309,12 @@ static void set_deadline(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t deadline)
 
 kvp__ec_rec_t *kvp__ec_table_get(const kvp__ec_table_t *t, const char *tid)
 {
-    return kvp__ec_map_gets(&t->records, tid);
+    return kvp__strmap_gets(&t->records, tid);
 }
 
 bool kvp__ec_table_has_state(const kvp__ec_table_t *t, const char *hash, kvp__ec_stateset_t states)
 {
-    const kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    const kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (!h)
         return false;
     for (int s = 0; s < KVP_EC_NUM_STATES; s++)
@@ -384,8 +327,8 @@ static kvp__ec_rec_t *first_for_hash(const kvp__ec_table_t *t, const char *hash,
 {
     if (!kvp__ec_table_has_state(t, hash, states))
         return NULL;
-    const kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
-    for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+    const kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
+    KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
         if (states & KVP__EC_S(r->state))
             return r;
     return NULL;
@@ -405,12 +348,12 @@ static kvp_status_t notify_unavailable(kvp__ec_table_t *t, kvp__ec_rec_t *r, con
         r->notified = nv;
         r->cap_notified = ncap;
     }
-    char *c = kvp__ec_strdup(req);
+    char *c = kvp__strdup(req);
     if (!c)
         return KVP_ERR_NO_MEMORY;
-    kvp_status_t st = kvp__ec_sset_add(&t->unavailable, req, NULL);
+    kvp_status_t st = kvp__strset_add(&t->unavailable, req, NULL);
     if (st != KVP_OK) {
-        kvp__ec_strfree(c);
+        kvp__strfree(c);
         return st;
     }
     r->notified[r->n_notified++] = c;
@@ -506,7 +449,7 @@ kvp_status_t kvp__ec_table_begin_load(kvp__ec_table_t *t, const char *hash, cons
 kvp_status_t kvp__ec_table_take_loads(kvp__ec_table_t *t, kvp__ec_rec_t ***out_p, size_t *n_p)
 {
     size_t n = 0;
-    for (kvp__ec_rec_t *r = t->dhead; r; r = r->dnext)
+    KVP_LIST_FOR_EACH_ENTRY(r, &t->dispatch, kvp__ec_rec_t, dlink)
         n += r->state == KVP_EC_LOADING;
     kvp__ec_rec_t **out = NULL;
     if (n) {
@@ -515,16 +458,11 @@ kvp_status_t kvp__ec_table_take_loads(kvp__ec_table_t *t, kvp__ec_rec_t ***out_p
             return KVP_ERR_NO_MEMORY;
     }
     size_t i = 0;
-    kvp__ec_rec_t *r = t->dhead;
-    while (r) {
-        kvp__ec_rec_t *next = r->dnext;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &t->dispatch, kvp__ec_rec_t, dlink) {
         if (r->state == KVP_EC_LOADING)
             out[i++] = r;
-        r->dprev = r->dnext = NULL;
-        r->in_dispatch = false;
-        r = next;
+        kvp__list_del(&r->dlink);
     }
-    t->dhead = t->dtail = NULL;
     *out_p = out;
     *n_p = n;
     return KVP_OK;
@@ -547,7 +485,7 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
     kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
     if (st != KVP_OK)
         return st;
-    if (kvp__ec_sset_has(&t->orphan_set, r->tid))
+    if (kvp__strset_has(&t->orphan_set, r->tid))
         return KVP_OK;
     if (t->n_orphans == t->cap_orphans) {
         size_t ncap = t->cap_orphans ? t->cap_orphans * 2 : 8;
@@ -558,12 +496,12 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
         t->orphans = nv;
         t->cap_orphans = ncap;
     }
-    char *c = kvp__ec_strdup(r->tid);
+    char *c = kvp__strdup(r->tid);
     if (!c)
         return KVP_ERR_NO_MEMORY;
-    st = kvp__ec_sset_add(&t->orphan_set, r->tid, NULL);
+    st = kvp__strset_add(&t->orphan_set, r->tid, NULL);
     if (st != KVP_OK) {
-        kvp__ec_strfree(c);
+        kvp__strfree(c);
         return st;
     }
     t->orphans[t->n_orphans++] = c;
@@ -573,8 +511,9 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
 static kvp_status_t evict_residents(kvp__ec_table_t *t, int64_t now)
 {
     /* the oldest RESIDENT record (record order) is the head of its list */
-    while (t->resident_bytes > t->resident_capacity && t->shead[KVP_EC_RESIDENT]) {
-        kvp_status_t st = expire_orphan(t, t->shead[KVP_EC_RESIDENT], now);
+    kvp__ec_rec_t *r;
+    while (t->resident_bytes > t->resident_capacity && (r = state_first(t, KVP_EC_RESIDENT))) {
+        kvp_status_t st = expire_orphan(t, r, now);
         if (st != KVP_OK)
             return st;
     }
@@ -583,14 +522,14 @@ static kvp_status_t evict_residents(kvp__ec_table_t *t, int64_t now)
 
 kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, int64_t now)
 {
-    kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (h && h->count[KVP_EC_READY]) {
         /* The canonical record is the newest READY one: latest in record order. */
         kvp__ec_rec_t *canon = NULL;
-        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+        KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
             if (r->state == KVP_EC_READY && (!canon || r->seq > canon->seq))
                 canon = r;
-        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
+        KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink) {
             if (r == canon || (r->state != KVP_EC_READY && r->state != KVP_EC_RESIDENT))
                 continue;
             kvp_status_t st = expire_orphan(t, r, now);
@@ -613,10 +552,10 @@ kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, i
 
 kvp_status_t kvp__ec_table_reclaim(kvp__ec_table_t *t, const char *hash, int64_t now)
 {
-    kvp__ec_hent_t *h = kvp__ec_map_gets(&t->hashes, hash);
+    kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (!h)
         return KVP_OK;
-    for (kvp__ec_rec_t *r = h->head; r; r = r->hnext) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink) {
         if (r->state == KVP_EC_READY) {
             kvp__ec_spec_free(r->spec); /* stays READY, does not move */
             r->spec = NULL;
@@ -664,7 +603,7 @@ kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t n
     kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_CANCELLED, now);
     if (st != KVP_OK)
         return st;
-    dispatch_unlink(t, r);
+    dispatch_unlink(r);
     *cancelled_p = true;
     return KVP_OK;
 }
@@ -677,9 +616,7 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
     /* 1. AVAILABLE records whose lease ran out -> EXPIRED, in record order
      * (the AVAILABLE list is in record order; deadlines there are not sorted,
      * since touch_available extends them). */
-    kvp__ec_rec_t *r = t->shead[KVP_EC_AVAILABLE];
-    while (r) {
-        kvp__ec_rec_t *next = r->snext;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &t->states[KVP_EC_AVAILABLE], kvp__ec_rec_t, slink) {
         if (r->has_deadline && r->deadline <= now) {
             if (n == cap) {
                 size_t ncap = cap ? cap * 2 : 8;
@@ -691,19 +628,18 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
                 out = nv;
                 cap = ncap;
             }
-            char *c = kvp__ec_strdup(r->tid);
+            char *c = kvp__strdup(r->tid);
             if (!c) {
                 st = KVP_ERR_NO_MEMORY;
                 break;
             }
             st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
             if (st != KVP_OK) {
-                kvp__ec_strfree(c);
+                kvp__strfree(c);
                 break;
             }
             out[n++] = c;
         }
-        r = next;
     }
     /* 2. tombstones past their deadline are removed.  A terminal list is
      * sorted by deadline (entered at the current time + one TTL), so this
@@ -711,15 +647,17 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
      * (The original walks every record; the result is the same, since
      * removal does not reorder the others.) */
     static const kvp_ec_state_t terminal[4] = {KVP_EC_UNAVAILABLE, KVP_EC_EXPIRED, KVP_EC_FAILED, KVP_EC_CANCELLED};
-    for (int k = 0; k < 4 && st == KVP_OK; k++)
-        while (t->shead[terminal[k]] && t->shead[terminal[k]]->has_deadline && t->shead[terminal[k]]->deadline <= now)
-            remove_rec(t, t->shead[terminal[k]]);
+    for (int k = 0; k < 4 && st == KVP_OK; k++) {
+        kvp__ec_rec_t *r;
+        while ((r = state_first(t, terminal[k])) && r->has_deadline && r->deadline <= now)
+            remove_rec(t, r);
+    }
     /* 3. the terminal-record cap: drop the oldest tombstones (record order)
      * beyond the limit; the oldest is the lowest-sequence list head. */
     while (st == KVP_OK && terminal_limit >= 0 && (int64_t)t->n_terminal > terminal_limit) {
         kvp__ec_rec_t *oldest = NULL;
         for (int k = 0; k < 4; k++) {
-            kvp__ec_rec_t *h = t->shead[terminal[k]];
+            kvp__ec_rec_t *h = state_first(t, terminal[k]);
             if (h && (!oldest || h->seq < oldest->seq))
                 oldest = h;
         }
@@ -748,15 +686,15 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
     return st;
 }
 
-kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__ec_sset_t *into)
+kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__strset_t *into)
 {
     kvp_status_t st = KVP_OK;
     for (size_t i = 0; i < t->unavailable.cap; i++) {
-        kvp__ec_slot_t *sl = &t->unavailable.slots[i];
+        kvp__strmap_slot_t *sl = &t->unavailable.slots[i];
         if (sl->key && st == KVP_OK)
-            st = kvp__ec_sset_add(into, sl->val, NULL);
+            st = kvp__strset_add(into, sl->val, NULL);
     }
-    kvp__ec_sset_clear(&t->unavailable);
+    kvp__strset_clear(&t->unavailable);
     return st;
 }
 
@@ -776,12 +714,12 @@ kvp_status_t kvp__ec_table_drain_orphaned(kvp__ec_table_t *t, char ***out_p, siz
             out[n++] = t->orphans[i];
             t->orphans[i] = NULL;
         }
-        kvp__ec_strfree(t->orphans[i]);
+        kvp__strfree(t->orphans[i]);
         t->orphans[i] = NULL;
     }
     size_t total = t->n_orphans;
     t->n_orphans = 0;
-    kvp__ec_sset_clear(&t->orphan_set);
+    kvp__strset_clear(&t->orphan_set);
     *out_p = out;
     *n_p = out ? total : 0; /* the array holds total slots, the first n used */
     /* Callers iterate until the first NULL; kvp__ec_strv_free(out, total). */

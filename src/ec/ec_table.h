@@ -23,7 +23,8 @@
 #ifndef KVP_EC_TABLE_H
 #define KVP_EC_TABLE_H
 
-#include "ec/ec_map.h"
+#include "common/list.h"
+#include "common/strmap.h"
 #include "kvpool/ec_connector.h"
 
 /* A load spec held by a record (ECMooncakeLoadSpec). */
@@ -51,38 +52,37 @@ typedef struct kvp__ec_rec {
     int64_t deadline;
     char **notified; /* requests told this record is unavailable */
     size_t n_notified, cap_notified;
-    uint64_t seq;                      /* position in record order (grows) */
-    struct kvp__ec_rec *prev, *next;   /* record order */
-    struct kvp__ec_rec *hprev, *hnext; /* hash-index order */
+    uint64_t seq;        /* position in record order (grows) */
+    kvp__list_t order;   /* on the table's record order */
+    kvp__list_t hlink;   /* on its hash entry's records, in hash-index order */
     kvp__ec_hent_t *hent;
-    struct kvp__ec_rec *dprev, *dnext; /* dispatch queue */
-    struct kvp__ec_rec *sprev, *snext; /* per-state list, in record order */
-    bool in_dispatch;
+    kvp__list_t dlink;   /* on the dispatch queue, or unlinked */
+    kvp__list_t slink;   /* on its state's list, in record order */
 } kvp__ec_rec_t;
 
 struct kvp__ec_hent {
     char *hash;
-    kvp__ec_rec_t *head, *tail;
+    kvp__list_t recs; /* kvp__ec_rec_t.hlink */
     uint32_t count[KVP_EC_NUM_STATES];
 };
 
 typedef struct {
     int64_t resident_capacity;
     int64_t tombstone_ttl_ms;
-    kvp__ec_map_t records; /* tid -> rec */
-    kvp__ec_map_t hashes;  /* hash -> hent */
-    kvp__ec_rec_t *head, *tail;
-    kvp__ec_rec_t *dhead, *dtail;
+    kvp__strmap_t records; /* tid -> rec */
+    kvp__strmap_t hashes;  /* hash -> hent */
+    kvp__list_t order;    /* every record (kvp__ec_rec_t.order), oldest first */
+    kvp__list_t dispatch; /* the dispatch queue (kvp__ec_rec_t.dlink) */
     /* one list per state, each in record order (a record joins the tail of
      * its new state's list when it moves to the end of the record order) */
-    kvp__ec_rec_t *shead[KVP_EC_NUM_STATES], *stail[KVP_EC_NUM_STATES];
+    kvp__list_t states[KVP_EC_NUM_STATES];
     size_t n_terminal;
     __int128 resident_bytes;
-    kvp__ec_sset_t unavailable;
+    kvp__strset_t unavailable;
     /* ids retired to EXPIRED outside expire(), for drain_orphaned() */
     char **orphans;
     size_t n_orphans, cap_orphans;
-    kvp__ec_sset_t orphan_set;
+    kvp__strset_t orphan_set;
     uint64_t version;
     uint64_t next_seq;
 } kvp__ec_table_t;
@@ -133,7 +133,7 @@ kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t n
  * cap.  *out_p freed with kvp__ec_strv_free. */
 kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t terminal_limit, char ***out_p, size_t *n_p);
 /* Moves the unavailable request set into *out (sorted). */
-kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__ec_sset_t *into);
+kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__strset_t *into);
 /* The ids release_ready / reclaim / eviction retired to EXPIRED since the
  * last call that are still present and EXPIRED, in that order.  *out_p has
  * *n_p slots: the ids first, then NULLs; free with kvp__ec_strv_free. */

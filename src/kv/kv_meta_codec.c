@@ -14,107 +14,64 @@
  * newer sender only if the version says so).  The decoder is in
  * kv_meta_decode.c.
  */
-#include <msgpack.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/mp.h"
 #include "kvpool/kv_connector.h"
 
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-    int oom;
-} wbuf_t;
+static void pack_str(kvp__mpw_t *w, const char *s) { kvp__mpw_str_small(w, s, (uint32_t)strlen(s)); }
 
-static int wbuf_write(void *data, const char *buf, size_t len)
+static void pack_ids(kvp__mpw_t *w, const int64_t *v, size_t n)
 {
-    wbuf_t *w = data;
-    if (w->oom)
-        return -1;
-    if (w->n + len > w->cap) {
-        size_t nc = w->cap ? w->cap : 1024;
-        while (nc < w->n + len)
-            nc *= 2;
-        uint8_t *np = kvp__realloc(w->p, w->cap, nc);
-        if (!np) {
-            w->oom = 1;
-            return -1;
-        }
-        w->p = np;
-        w->cap = nc;
-    }
-    memcpy(w->p + w->n, buf, len);
-    w->n += len;
-    return 0;
-}
-
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-    size_t n = strlen(s);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
-static void pack_ids(msgpack_packer *pk, const int64_t *v, size_t n)
-{
-    msgpack_pack_array(pk, n);
+    kvp__mpw_array(w, (uint32_t)n);
     for (size_t i = 0; i < n; i++)
-        msgpack_pack_int64(pk, v[i]);
+        kvp__mpw_int_small(w, v[i]);
 }
 
-static void pack_reqmeta(msgpack_packer *pk, const kvp_kv_req_meta_t *m)
+static void pack_reqmeta(kvp__mpw_t *w, const kvp_kv_req_meta_t *m)
 {
-    msgpack_pack_array(pk, 12);
-    pack_str(pk, m->req_id);
-    msgpack_pack_int64(pk, m->token_len_chunk);
-    msgpack_pack_array(pk, m->block_ids.num_groups);
+    kvp__mpw_array(w, 12);
+    pack_str(w, m->req_id);
+    kvp__mpw_int_small(w, m->token_len_chunk);
+    kvp__mpw_array(w, m->block_ids.num_groups);
     for (uint32_t g = 0; g < m->block_ids.num_groups; g++)
-        pack_ids(pk, m->block_ids.groups[g].ids, m->block_ids.groups[g].n);
-    msgpack_pack_uint64(pk, m->num_block_hashes);
+        pack_ids(w, m->block_ids.groups[g].ids, m->block_ids.groups[g].n);
+    kvp__mpw_uint(w, m->num_block_hashes);
     /* hash_len travels only with hash bytes (a count-only view sends 0) */
     uint32_t hl = (m->block_hashes && m->num_block_hashes) ? m->hash_len : 0;
-    msgpack_pack_uint32(pk, hl);
+    kvp__mpw_uint(w, hl);
     size_t hb = m->num_block_hashes * hl;
-    msgpack_pack_bin(pk, hb);
-    if (hb)
-        msgpack_pack_bin_body(pk, m->block_hashes, hb);
-    if (m->can_save)
-        msgpack_pack_true(pk);
-    else
-        msgpack_pack_false(pk);
+    kvp__mpw_bin(w, hb ? (const void *)m->block_hashes : "", (uint32_t)hb);
+    kvp__mpw_bool(w, m->can_save);
     if (m->is_last_chunk == KVP_KV_TRI_NONE)
-        msgpack_pack_nil(pk);
-    else if (m->is_last_chunk)
-        msgpack_pack_true(pk);
+        kvp__mpw_nil(w);
     else
-        msgpack_pack_false(pk);
+        kvp__mpw_bool(w, m->is_last_chunk != 0);
     if (m->has_load_spec) {
-        msgpack_pack_array(pk, 3);
-        msgpack_pack_int64(pk, m->load_spec.vllm_cached_tokens);
-        msgpack_pack_int64(pk, m->load_spec.kvpool_cached_tokens);
-        if (m->load_spec.can_load)
-            msgpack_pack_true(pk);
-        else
-            msgpack_pack_false(pk);
+        kvp__mpw_array(w, 3);
+        kvp__mpw_int_small(w, m->load_spec.vllm_cached_tokens);
+        kvp__mpw_int_small(w, m->load_spec.kvpool_cached_tokens);
+        kvp__mpw_bool(w, m->load_spec.can_load);
     } else {
-        msgpack_pack_nil(pk);
+        kvp__mpw_nil(w);
     }
-    msgpack_pack_int64(pk, m->num_prompt_tokens);
+    kvp__mpw_int_small(w, m->num_prompt_tokens);
     if (m->has_token_ids)
-        pack_ids(pk, m->token_ids, m->num_token_ids);
+        pack_ids(w, m->token_ids, m->num_token_ids);
     else
-        msgpack_pack_nil(pk);
+        kvp__mpw_nil(w);
     if (m->num_partial_tail_offloads) {
-        msgpack_pack_array(pk, m->num_partial_tail_offloads);
+        kvp__mpw_array(w, (uint32_t)m->num_partial_tail_offloads);
         for (size_t i = 0; i < m->num_partial_tail_offloads; i++) {
             const kvp_kv_tail_offload_t *t = &m->partial_tail_offloads[i];
-            msgpack_pack_array(pk, 3);
-            msgpack_pack_int64(pk, t->group_id);
-            msgpack_pack_int64(pk, t->cow_block_id);
-            msgpack_pack_int64(pk, t->boundary_tokens);
+            kvp__mpw_array(w, 3);
+            kvp__mpw_int_small(w, t->group_id);
+            kvp__mpw_int_small(w, t->cow_block_id);
+            kvp__mpw_int_small(w, t->boundary_tokens);
         }
     } else {
-        msgpack_pack_nil(pk);
+        kvp__mpw_nil(w);
     }
 }
 
@@ -122,36 +79,21 @@ kvp_status_t kvp_kv_meta_encode(const kvp_kv_meta_t *meta, uint8_t **buf_p, size
 {
     if (!meta || !buf_p || !len_p)
         return KVP_ERR_NULL_POINTER;
-    wbuf_t w = {0};
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &w, wbuf_write);
-    msgpack_pack_array(&pk, 4);
-    msgpack_pack_uint32(&pk, KVP_KV_META_VERSION);
-    msgpack_pack_array(&pk, meta->num_unfinished);
+    kvp__mpw_t w;
+    kvp__mpw_init(&w, NULL, 0);
+    kvp__mpw_array(&w, 4);
+    kvp__mpw_uint(&w, KVP_KV_META_VERSION);
+    kvp__mpw_array(&w, (uint32_t)meta->num_unfinished);
     for (size_t i = 0; i < meta->num_unfinished; i++)
-        pack_str(&pk, meta->unfinished_req_ids[i]);
-    msgpack_pack_array(&pk, meta->num_preempted);
+        pack_str(&w, meta->unfinished_req_ids[i]);
+    kvp__mpw_array(&w, (uint32_t)meta->num_preempted);
     for (size_t i = 0; i < meta->num_preempted; i++)
-        pack_str(&pk, meta->preempted_req_ids[i]);
-    msgpack_pack_array(&pk, meta->num_requests);
+        pack_str(&w, meta->preempted_req_ids[i]);
+    kvp__mpw_array(&w, (uint32_t)meta->num_requests);
     for (size_t i = 0; i < meta->num_requests; i++)
-        pack_reqmeta(&pk, &meta->requests[i]);
-    if (w.oom) {
-        if (w.p)
-            kvp__free(w.p, w.cap);
-        return KVP_ERR_NO_MEMORY;
-    }
-    /* shrink to the exact size so that kvp_kv_meta_buf_free(buf, len) is exact */
-    uint8_t *out = kvp__malloc(w.n ? w.n : 1);
-    if (!out) {
-        kvp__free(w.p, w.cap);
-        return KVP_ERR_NO_MEMORY;
-    }
-    memcpy(out, w.p, w.n);
-    kvp__free(w.p, w.cap);
-    *buf_p = out;
-    *len_p = w.n;
-    return KVP_OK;
+        pack_reqmeta(&w, &meta->requests[i]);
+    /* exact size, so that kvp_kv_meta_buf_free(buf, len) is exact */
+    return kvp__mpw_finish(&w, buf_p, len_p) == 0 ? KVP_OK : KVP_ERR_NO_MEMORY;
 }
 
 void kvp_kv_meta_buf_free(uint8_t *buf, size_t len)

@@ -14,10 +14,12 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/mp.h"
 #include "kvpool/kv_connector.h"
 
+/* The common msgpack reader (common/mp.h) and why it stopped, for the log. */
 typedef struct {
-    const uint8_t *p, *end;
+    kvp__mpr_t mp;
     const char *why;
 } rd_t;
 
@@ -44,121 +46,42 @@ typedef struct {
         (r)->why = (msg); \
         return -1;   \
     } while (0)
+#define CHECK(r, msg)                  \
+    do {                               \
+        if (!kvp__mpr_ok(&(r)->mp))    \
+            FAIL((r), (msg));          \
+    } while (0)
 
-static size_t left(const rd_t *r) { return (size_t)(r->end - r->p); }
-
-static int rd_be(rd_t *r, size_t n, uint64_t *v)
-{
-    if (left(r) < n)
-        FAIL(r, "truncated");
-    uint64_t x = 0;
-    for (size_t i = 0; i < n; i++)
-        x = (x << 8) | r->p[i];
-    r->p += n;
-    *v = x;
-    return 0;
-}
-
-static int rd_nil(rd_t *r)
-{
-    if (left(r) && *r->p == 0xc0) {
-        r->p++;
-        return 1;
-    }
-    return 0;
-}
+static int rd_nil(rd_t *r) { return kvp__mpr_nil(&r->mp); }
 
 static int rd_bool(rd_t *r, bool *b)
 {
-    if (!left(r) || (*r->p != 0xc2 && *r->p != 0xc3))
-        FAIL(r, "expected a bool");
-    *b = *r->p++ == 0xc3;
+    *b = kvp__mpr_bool(&r->mp);
+    CHECK(r, "expected a bool");
     return 0;
 }
 
 static int rd_int(rd_t *r, int64_t *v)
 {
-    if (!left(r))
-        FAIL(r, "truncated");
-    uint8_t t = *r->p++;
-    uint64_t u;
-    if (t <= 0x7f) {
-        *v = t;
-        return 0;
-    }
-    if (t >= 0xe0) {
-        *v = (int8_t)t;
-        return 0;
-    }
-    switch (t) {
-    case 0xcc: case 0xcd: case 0xce: case 0xcf:
-        if (rd_be(r, (size_t)1 << (t - 0xcc), &u))
-            return -1;
-        if (u > INT64_MAX)
-            FAIL(r, "integer out of range");
-        *v = (int64_t)u;
-        return 0;
-    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
-        size_t n = (size_t)1 << (t - 0xd0);
-        if (rd_be(r, n, &u))
-            return -1;
-        if (n < 8) { /* sign-extend */
-            uint64_t sign = (uint64_t)1 << (n * 8 - 1);
-            u = (u ^ sign) - sign;
-        }
-        memcpy(v, &u, sizeof *v);
-        return 0;
-    }
-    default: FAIL(r, "expected an integer");
-    }
+    *v = kvp__mpr_int(&r->mp);
+    CHECK(r, "expected an int64");
+    return 0;
 }
 
+/* Every element takes at least one byte: the count is bounded by the input. */
 static int rd_array(rd_t *r, size_t *n)
 {
-    if (!left(r))
-        FAIL(r, "truncated");
-    uint8_t t = *r->p++;
-    uint64_t u;
-    if ((t & 0xf0) == 0x90)
-        u = t & 0x0f;
-    else if (t == 0xdc) {
-        if (rd_be(r, 2, &u))
-            return -1;
-    } else if (t == 0xdd) {
-        if (rd_be(r, 4, &u))
-            return -1;
-    } else
-        FAIL(r, "expected an array");
-    if (u > left(r)) /* every element takes at least one byte */
-        FAIL(r, "array count exceeds the input");
-    *n = (size_t)u;
+    *n = kvp__mpr_array_fit(&r->mp, UINT32_MAX);
+    CHECK(r, "expected an array that fits the input");
     return 0;
 }
 
 static int rd_raw(rd_t *r, bool bin, const uint8_t **s, size_t *n)
 {
-    if (!left(r))
-        FAIL(r, "truncated");
-    uint8_t t = *r->p++;
-    uint64_t u;
-    if (!bin && (t & 0xe0) == 0xa0)
-        u = t & 0x1f;
-    else if (t == (bin ? 0xc4 : 0xd9)) {
-        if (rd_be(r, 1, &u))
-            return -1;
-    } else if (t == (bin ? 0xc5 : 0xda)) {
-        if (rd_be(r, 2, &u))
-            return -1;
-    } else if (t == (bin ? 0xc6 : 0xdb)) {
-        if (rd_be(r, 4, &u))
-            return -1;
-    } else
-        FAIL(r, bin ? "expected bin" : "expected a string");
-    if (u > left(r))
-        FAIL(r, "length exceeds the input");
-    *s = r->p;
-    *n = (size_t)u;
-    r->p += u;
+    uint32_t len;
+    *s = bin ? kvp__mpr_bin(&r->mp, UINT32_MAX, &len) : kvp__mpr_str(&r->mp, UINT32_MAX, &len);
+    CHECK(r, bin ? "expected bin within the input" : "expected a string within the input");
+    *n = len;
     return 0;
 }
 
@@ -371,7 +294,7 @@ static int rd_meta(rd_t *r, bld_t *b, kvp_kv_meta_t *meta, kvp_status_t *st)
             return -1;
     meta->requests = rm;
     meta->num_requests = nr;
-    if (r->p != r->end)
+    if (!kvp__mpr_done(&r->mp))
         FAIL(r, "trailing bytes");
     return 0;
 }
@@ -398,10 +321,11 @@ kvp_status_t kvp_kv_meta_decode(const uint8_t *buf, size_t len, kvp_kv_meta_t **
     kvp_kv_meta_t scratch;
     memset(&scratch, 0, sizeof scratch);
     kvp_status_t st = KVP_ERR_DECODE;
-    rd_t r = {buf, buf + len, NULL};
+    rd_t r = {.why = NULL};
+    kvp__mpr_init(&r.mp, buf, len);
     if (rd_meta(&r, &b, &scratch, &st)) {
         kvp_warn("kv meta: undecodable metadata (%s at byte %zu)", r.why,
-                 (size_t)(r.p - buf));
+                 (size_t)(r.mp.p - buf));
         return st;
     }
     size_t off_ids = ALIGN8(sizeof(meta_box_t));
@@ -425,7 +349,7 @@ kvp_status_t kvp_kv_meta_decode(const uint8_t *buf, size_t len, kvp_kv_meta_t **
     f.i64 = (int64_t *)(base + off_i64);
     f.tails = (kvp_kv_tail_offload_t *)(base + off_tails);
     f.bytes = base + off_bytes;
-    r = (rd_t){buf, buf + len, NULL};
+    kvp__mpr_init(&r.mp, buf, len);
     if (rd_meta(&r, &f, &box->meta, &st)) { /* cannot happen: pass 1 accepted it */
         kvp__free(base, total);
         kvp_error("kv meta: decoder passes disagree (%s)", r.why);

@@ -64,14 +64,14 @@ kvp_kv_err_kind_t kvp_kv_sched_last_error(const kvp_kv_sched_t *s, const char **
 static kvp__kv_rec_t *rec_get(const kvp_kv_sched_t *s, const char *id)
 {
     size_t len = strlen(id);
-    return kvp__kv_idmap_get(&s->map, id, len, kvp__kv_id_hash(id, len));
+    return kvp__strmap_get_h(&s->map, id, len, kvp__strmap_hash(id, len));
 }
 
 static kvp__kv_rec_t *rec_get_or_add(kvp_kv_sched_t *s, const char *id)
 {
     size_t len = strlen(id);
-    uint64_t h = kvp__kv_id_hash(id, len);
-    kvp__kv_rec_t *r = kvp__kv_idmap_get(&s->map, id, len, h);
+    uint64_t h = kvp__strmap_hash(id, len);
+    kvp__kv_rec_t *r = kvp__strmap_get_h(&s->map, id, len, h);
     if (r)
         return r;
     r = kvp__calloc(1, sizeof *r + len + 1);
@@ -79,9 +79,10 @@ static kvp__kv_rec_t *rec_get_or_add(kvp_kv_sched_t *s, const char *id)
         return NULL;
     r->hash = h;
     r->uid_idx = SIZE_MAX;
+    kvp__list_init(&r->ulink);
     r->id_len = len;
     memcpy(r->id, id, len + 1);
-    if (kvp__kv_idmap_put(&s->map, r->id, len, h, r) != KVP_OK) {
+    if (kvp__strmap_put_h(&s->map, r->id, len, h, r) != KVP_OK) {
         kvp__free(r, sizeof *r + len + 1);
         return NULL;
     }
@@ -93,7 +94,7 @@ static void rec_maybe_free(kvp_kv_sched_t *s, kvp__kv_rec_t *r)
 {
     if (!r || r->has_ls || r->has_tracker || r->in_unf || r->uid_idx != SIZE_MAX)
         return;
-    kvp__kv_idmap_del(&s->map, r->id, r->id_len, r->hash);
+    kvp__strmap_del_h(&s->map, r->id, r->id_len, r->hash);
     kvp__free(r, sizeof *r + r->id_len + 1);
 }
 
@@ -136,15 +137,7 @@ static void unf_remove(kvp_kv_sched_t *s, kvp__kv_rec_t *r)
 {
     if (!r->in_unf)
         return;
-    if (r->uprev)
-        r->uprev->unext = r->unext;
-    else
-        s->unf_head = r->unext;
-    if (r->unext)
-        r->unext->uprev = r->uprev;
-    else
-        s->unf_tail = r->uprev;
-    r->uprev = r->unext = NULL;
+    kvp__list_del(&r->ulink);
     kvp__kv_btuple_unref(r->ublocks);
     r->ublocks = NULL;
     r->req = NULL;
@@ -214,7 +207,8 @@ kvp_status_t kvp_kv_sched_create(const kvp_kv_config_t *cfg, kvp_kv_lookup_clien
     s->cfg.cache_prefix = s->cache_prefix;
     s->client = client;
     s->align = cfg->partial_hits ? cfg->hash_block_size : cfg->block_size;
-    kvp__kv_idmap_init(&s->map);
+    kvp__strmap_init(&s->map);
+    kvp__list_init(&s->unf);
     *sched_p = s;
     return KVP_OK;
 }
@@ -225,15 +219,15 @@ void kvp_kv_sched_destroy(kvp_kv_sched_t *s)
         return;
     kvp__kv_metabuf_cleanup(&s->mb);
     for (size_t i = 0; i < s->map.cap; i++) {
-        kvp__kv_rec_t *r = s->map.slots[i].item;
-        if (!s->map.slots[i].hash || !r)
+        kvp__kv_rec_t *r = s->map.slots[i].val;
+        if (!s->map.slots[i].key || !r)
             continue;
         if (r->has_tracker)
             kvp__kv_tracker_clear(&r->tr);
         kvp__kv_btuple_unref(r->ublocks);
         kvp__free(r, sizeof *r + r->id_len + 1);
     }
-    kvp__kv_idmap_cleanup(&s->map);
+    kvp__strmap_cleanup(&s->map);
     if (s->uids)
         kvp__free(s->uids, s->uids_cap * sizeof *s->uids);
     if (s->tail_used)
@@ -318,13 +312,7 @@ kvp_status_t kvp_kv_sched_update_state_after_alloc(kvp_kv_sched_t *s, const kvp_
         kvp__kv_btuple_unref(r->ublocks); /* keeps its place in the dict */
     } else {
         r->in_unf = true;
-        r->uprev = s->unf_tail;
-        r->unext = NULL;
-        if (s->unf_tail)
-            s->unf_tail->unext = r;
-        else
-            s->unf_head = r;
-        s->unf_tail = r;
+        kvp__list_add_tail(&s->unf, &r->ulink);
         s->num_unf++;
     }
     r->req = req;
@@ -527,7 +515,7 @@ static kvp_status_t k13_deferred_loads(kvp_kv_sched_t *s, const kvp_kv_sched_out
         if (r)
             r->seen_stamp = stamp;
     }
-    for (kvp__kv_rec_t *r = s->unf_head; r; r = r->unext) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &s->unf, kvp__kv_rec_t, ulink) {
         if (r->seen_stamp == stamp || !r->has_ls)
             continue;
         bool had;
@@ -770,8 +758,8 @@ kvp_status_t kvp_kv_sched_reset_cache(kvp_kv_sched_t *s, bool *ok_p)
     /* Pending load specs would load from a store about to be emptied. */
     kvp__kv_metabuf_release(&s->mb);
     for (size_t i = 0; i < s->map.cap && s->num_ls; i++) {
-        kvp__kv_rec_t *r = s->map.slots[i].item;
-        if (!s->map.slots[i].hash || !r || !r->has_ls)
+        kvp__kv_rec_t *r = s->map.slots[i].val;
+        if (!s->map.slots[i].key || !r || !r->has_ls)
             continue;
         r->has_ls = false;
         s->num_ls--;

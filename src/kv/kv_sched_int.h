@@ -21,7 +21,8 @@
 #include <stdint.h>
 
 #include "kv/kv_blocks.h"
-#include "kv/kv_idmap.h"
+#include "common/list.h"
+#include "common/strmap.h"
 #include "kvpool/kv_connector.h"
 
 /* RequestTracker (§2.5).  blocks NULL = `()`, token_ids NULL = None/empty. */
@@ -46,7 +47,7 @@ typedef struct kvp__kv_rec {
     bool in_unf;
     const kvp_kv_request_t *req;
     kvp__kv_btuple_t *ublocks;
-    struct kvp__kv_rec *uprev, *unext;
+    kvp__list_t ulink; /* on sched->unf while in_unf, in insertion order */
     /* _unfinished_request_ids: index in sched->uids, SIZE_MAX if absent */
     size_t uid_idx;
     /* per-call marks (build_connector_meta) */
@@ -97,8 +98,8 @@ struct kvp_kv_sched {
     char *model_name, *cache_prefix;
     kvp_kv_lookup_client_t client;
     int64_t align; /* hash_block_size with partial hits, else block_size */
-    kvp__kv_idmap_t map;
-    kvp__kv_rec_t *unf_head, *unf_tail;
+    kvp__strmap_t map;
+    kvp__list_t unf; /* the in_unf records (kvp__kv_rec_t.ulink), oldest first */
     size_t num_unf;
     kvp__kv_rec_t **uids;
     size_t num_uids, uids_cap;

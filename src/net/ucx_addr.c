@@ -96,26 +96,26 @@ enum {
     ADDR_V1 = 0,
     ADDR_V2 = 1,
 
-    HDR_DEBUG_INFO = 0x01,
-    HDR_WORKER_UUID = 0x02,
-    HDR_CLIENT_ID = 0x04,
-    HDR_AM_ONLY = 0x08,
-    HDR_FLAGS_KNOWN = 0x0f,
+    HDR_DEBUG_INFO = 1u << 0,
+    HDR_WORKER_UUID = 1u << 1,
+    HDR_CLIENT_ID = 1u << 2,
+    HDR_AM_ONLY = 1u << 3,
+    HDR_FLAGS_KNOWN = (1u << 4) - 1,
 
     NULL_RESOURCE = 0xff,     /* first device byte of an empty address list */
     MD_EMPTY_DEV = 0x80,      /* device record without transports */
     MD_MASK_V1 = 0x1f,
     MD_MASK_V2 = 0x7f,
     MD_INDEX_MAX = 64,        /* UCX keeps md indexes in a 64-bit map */
-    DEV_LAST = 0x80,
-    DEV_NUM_PATHS = 0x40,
-    DEV_SYS_DEVICE = 0x20,
-    DEV_LEN_MASK = 0x1f,
+    DEV_LAST = 1u << 7,
+    DEV_NUM_PATHS = 1u << 6,
+    DEV_SYS_DEVICE = 1u << 5,
+    DEV_LEN_MASK = (1u << 5) - 1,
     SYS_DEV_MAX = 64,         /* UCP_MAX_SYS_DEVICES (a 64-bit map again) */
     SYS_DEV_UNKNOWN = 0xff,
-    TL_LAST = 0x80,
-    TL_HAS_EP_ADDR = 0x40,
-    TL_LEN_MASK = 0x3f,
+    TL_LAST = 1u << 7,
+    TL_HAS_EP_ADDR = 1u << 6,
+    TL_LEN_MASK = (1u << 6) - 1,
     TL_MAX = 128,             /* UCP_MAX_RESOURCES */
 
     ATTR_V1_SIZE = 16,

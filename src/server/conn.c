@@ -176,30 +176,34 @@ void kvp__conn_kill(server_t *s, conn_t *c, const char *why)
     c->hs_buf = NULL;
 }
 
+/* One transfer of c's leaves it for a list of the server's (its end still
+ * to come from UCX), no longer counted against c. */
+static void abandon_one(server_t *s, conn_t *c, kvp__list_t *link, uint64_t *inflight, kvp__list_t *to)
+{
+    kvp__list_del(link);
+    kvp__inflight_end(s, c, inflight);
+    kvp__list_add_tail(to, link);
+}
+
 void kvp__conn_abandon(server_t *s, conn_t *c)
 {
     KVP_LIST_FOR_EACH_SAFE(n, tmp, &c->replies) {
         reply_t *r = KVP_CONTAINER_OF(n, reply_t, link);
-        kvp__list_del(&r->link);
         for (uint32_t i = 0; i < r->nleases; i++)
             kvp__store_release(s->store, r->leases[i]);
         r->nleases = 0;
         r->abandoned = 1;
         r->c = NULL;
-        kvp__inflight_end(s, c, &s->inflight_replies);
         atomic_fetch_add(&s->ctr.abandoned[0], 1);
-        kvp__list_add_tail(&s->abandoned, &r->link);
+        abandon_one(s, c, &r->link, &s->inflight_replies, &s->abandoned);
     }
     KVP_LIST_FOR_EACH_SAFE(n, tmp, &c->in_datas) {
         in_data_t *d = KVP_CONTAINER_OF(n, in_data_t, link);
-        kvp__list_del(&d->link);
         d->c = NULL;
-        kvp__inflight_end(s, c, &s->inflight_in_data);
-        kvp__list_add_tail(&s->abandoned_in, &d->link);
+        abandon_one(s, c, &d->link, &s->inflight_in_data, &s->abandoned_in);
     }
     KVP_LIST_FOR_EACH_SAFE(n, tmp, &c->puts) {
         put_ctx_t *pc = KVP_CONTAINER_OF(n, put_ctx_t, link);
-        kvp__list_del(&pc->link);
         for (uint32_t i = 0; i < pc->n; i++) {
             if (!pc->resv[i])
                 continue;
@@ -214,9 +218,8 @@ void kvp__conn_abandon(server_t *s, conn_t *c)
         pc->resv_bytes = 0;
         pc->abandoned = 1;
         pc->c = NULL;
-        kvp__inflight_end(s, c, &s->inflight_puts);
         atomic_fetch_add(&s->ctr.abandoned[1], 1);
-        kvp__list_add_tail(&s->abandoned_puts, &pc->link);
+        abandon_one(s, c, &pc->link, &s->inflight_puts, &s->abandoned_puts);
     }
 }
 

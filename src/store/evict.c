@@ -30,10 +30,12 @@
 /* The coldest evictable object near the shard's LRU tail, or NULL. */
 static kvp__obj_t *do_tail_victim(kvp__shard_t *sh)
 {
-    kvp__obj_t *o = sh->lru_tail;
-    for (uint32_t i = 0; o && i < TAIL_WALK; i++, o = o->lru_prev)
+    kvp__list_t *n = sh->lru.prev;
+    for (uint32_t i = 0; n != &sh->lru && i < TAIL_WALK; i++, n = n->prev) {
+        kvp__obj_t *o = KVP_CONTAINER_OF(n, kvp__obj_t, lru);
         if (atomic_load_explicit(&o->refs, memory_order_acquire) == 1)
             return o;
+    }
     return NULL;
 }
 

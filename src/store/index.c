@@ -92,37 +92,21 @@ void kvp__do_unlink(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
     sh->live_bytes -= o->size;
 }
 
-void kvp__do_lru_push(kvp__shard_t *sh, kvp__obj_t *o)
-{
-    o->lru_prev = NULL;
-    o->lru_next = sh->lru_head;
-    if (sh->lru_head)
-        sh->lru_head->lru_prev = o;
-    else
-        sh->lru_tail = o;
-    sh->lru_head = o;
-}
+void kvp__do_lru_push(kvp__shard_t *sh, kvp__obj_t *o) { kvp__list_add_head(&sh->lru, &o->lru); }
 
 void kvp__do_lru_remove(kvp__shard_t *sh, kvp__obj_t *o)
 {
-    if (o->lru_prev)
-        o->lru_prev->lru_next = o->lru_next;
-    else
-        sh->lru_head = o->lru_next;
-    if (o->lru_next)
-        o->lru_next->lru_prev = o->lru_prev;
-    else
-        sh->lru_tail = o->lru_prev;
-    o->lru_prev = o->lru_next = NULL;
+    (void)sh;
+    kvp__list_del(&o->lru);
 }
 
 void kvp__do_lru_touch(kvp__shard_t *sh, kvp__obj_t *o)
 {
     o->atime = kvp__ticks_now();
-    if ((o->flags & KVP_OBJ_PINNED) || sh->lru_head == o)
+    if ((o->flags & KVP_OBJ_PINNED) || sh->lru.next == &o->lru)
         return;
-    kvp__do_lru_remove(sh, o);
-    kvp__do_lru_push(sh, o);
+    kvp__list_del(&o->lru);
+    kvp__list_add_head(&sh->lru, &o->lru);
 }
 
 kvp_status_t kvp__shards_init(kvp__store_t *s)
@@ -137,6 +121,7 @@ kvp_status_t kvp__shards_init(kvp__store_t *s)
     uint32_t i;
     for (i = 0; i < s->nshards; i++) {
         kvp__shard_t *sh = &s->shards[i];
+        kvp__list_init(&sh->lru);
         sh->buckets = kvp__calloc(INITIAL_BUCKETS, sizeof *sh->buckets);
         if (!sh->buckets)
             goto err_buckets;

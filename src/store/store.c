@@ -85,6 +85,7 @@ kvp_status_t kvp__store_create(const kvp__store_params_t *params, kvp__store_t *
     pthread_mutex_init(&s->alloc_lock, NULL);
     pthread_mutex_init(&s->evict_lock, NULL);
     pthread_mutex_init(&s->resv_lock, NULL);
+    kvp__list_init(&s->resv);
     atomic_init(&s->resv_oldest_ns, UINT64_MAX);
     kvp_info("store: arena %llu bytes (%s%s), %u shards", (unsigned long long)s->mem.size,
              s->mem.kind == KVP_MEM_MEMFD ? "memfd" : "anonymous", s->mem.huge ? ", hugetlb" : "",
@@ -105,12 +106,8 @@ void kvp__store_destroy(kvp__store_t *s)
         return;
     /* Reservations still open belong to owners that never finished; their
      * objects are freed here (the arena goes away with them). */
-    kvp__resv_t *r = s->resv_head;
-    while (r) {
-        kvp__resv_t *next = r->next;
-        kvp__free(r, sizeof *r); /* its object goes with the slab */
-        r = next;
-    }
+    KVP_LIST_FOR_EACH_SAFE(n, tmp, &s->resv)
+        kvp__free(KVP_CONTAINER_OF(n, kvp__resv_t, link), sizeof(kvp__resv_t)); /* its object goes with the slab */
     kvp__shards_destroy(s);
     kvp__objslab_destroy(&s->slab);
     pthread_mutex_destroy(&s->alloc_lock);
@@ -177,32 +174,24 @@ static void *arena_alloc(kvp__store_t *s, uint64_t size, int no_evict)
 
 static void resv_unlink(kvp__store_t *s, kvp__resv_t *r)
 {
-    if (!r->linked)
+    if (!kvp__list_linked(&r->link))
         return;
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        s->resv_head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
-        s->resv_tail = r->prev;
-    r->prev = r->next = NULL;
-    r->linked = 0;
     kvp__assert(s->resv_count > 0);
+    kvp__list_del(&r->link);
     s->resv_count--;
-    atomic_store(&s->resv_oldest_ns, s->resv_head ? s->resv_head->deadline_ns : UINT64_MAX);
+    kvp__resv_t *oldest = KVP_LIST_FIRST_ENTRY(&s->resv, kvp__resv_t, link);
+    atomic_store(&s->resv_oldest_ns, oldest ? oldest->deadline_ns : UINT64_MAX);
 }
 
 uint64_t kvp__store_reap(kvp__store_t *s)
 {
     uint64_t now = now_ns(s), n = 0;
     pthread_mutex_lock(&s->resv_lock);
-    kvp__resv_t *r = s->resv_head;
     /* Deadlines are creation time + one constant timeout, so the list is in
      * deadline order: stop at the first reservation still in time. */
-    while (r && r->deadline_ns <= now) {
-        kvp__resv_t *next = r->next;
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &s->resv, kvp__resv_t, link) {
+        if (r->deadline_ns > now)
+            break;
         if (!r->held) {
             resv_unlink(s, r);
             r->expired = 1;
@@ -210,7 +199,6 @@ uint64_t kvp__store_reap(kvp__store_t *s)
             arena_free(s, r->obj->off);
             n++;
         }
-        r = next;
     }
     pthread_mutex_unlock(&s->resv_lock);
     if (n)
@@ -259,6 +247,7 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
         kvp_debug("store: no space for a %llu-byte value", (unsigned long long)size);
         return KVP_ERR_NO_SPACE;
     }
+    kvp__list_init(&r->link);
     memset(o, 0, sizeof *o);
     atomic_init(&o->refs, 1);
     o->off = (uint64_t)((char *)dst - s->base);
@@ -271,15 +260,9 @@ kvp_status_t kvp__store_reserve(kvp__store_t *s, const void *key, uint32_t klen,
     r->deadline_ns = now_ns(s) + s->params.put_timeout_ns;
 
     pthread_mutex_lock(&s->resv_lock);
-    r->prev = s->resv_tail;
-    if (s->resv_tail)
-        s->resv_tail->next = r;
-    else
-        s->resv_head = r;
-    s->resv_tail = r;
-    r->linked = 1;
+    kvp__list_add_tail(&s->resv, &r->link);
     s->resv_count++;
-    atomic_store(&s->resv_oldest_ns, s->resv_head->deadline_ns);
+    atomic_store(&s->resv_oldest_ns, KVP_LIST_FIRST_ENTRY(&s->resv, kvp__resv_t, link)->deadline_ns);
     pthread_mutex_unlock(&s->resv_lock);
 
     *resv_p = r;
@@ -593,7 +576,7 @@ uint64_t kvp__store_remove_all(kvp__store_t *s)
         sh->count = 0;
         sh->live_bytes = 0;
         sh->pinned = 0;
-        sh->lru_head = sh->lru_tail = NULL;
+        kvp__list_init(&sh->lru);
         kvp__spin_unlock(&sh->lock);
         /* Objects mid-copy keep their lease; they are freed when it ends. */
         while (victims) {

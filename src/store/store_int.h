@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 
+#include "common/list.h"
 #include "store/store.h"
 #include "store/tlsf.h"
 
@@ -23,8 +24,7 @@
  * 96 bytes per object plus the key (measured by the bench). */
 typedef struct kvp__obj {
     struct kvp__obj *hnext;            /* hash chain */
-    struct kvp__obj *lru_prev;         /* shard LRU list; pinned objects are not on it */
-    struct kvp__obj *lru_next;
+    kvp__list_t lru;                   /* on the shard LRU; pinned objects are not on it */
     uint64_t off;                      /* payload offset from the arena base */
     _Atomic uint32_t refs;             /* 1 while indexed, +1 per read lease */
     uint32_t size;                     /* value bytes (<= 256 MiB) */
@@ -70,8 +70,7 @@ typedef struct kvp__shard {
     kvp__obj_t **buckets;
     uint64_t nbuckets;                 /* power of two */
     uint64_t count;                    /* live objects */
-    kvp__obj_t *lru_head;              /* most recently used */
-    kvp__obj_t *lru_tail;
+    kvp__list_t lru;                   /* kvp__obj_t.lru, most recently used first */
     /* Counters, changed only under `lock`, summed by kvp__store_stats with
      * every shard locked, so a snapshot is consistent. */
     uint64_t committed, evicted, removed, reset;
@@ -100,13 +99,12 @@ typedef struct kvp__objslab {
 } kvp__objslab_t;
 
 struct kvp__resv {
-    struct kvp__resv *prev, *next;     /* open-reservation list, oldest first */
+    kvp__list_t link;                  /* on the open-reservation list while open */
     kvp__obj_t *obj;                   /* not yet indexed */
     uint64_t hash;
     uint64_t deadline_ns;
     int held;                          /* owner filling now: never reclaimed */
     int expired;                       /* reclaimed: commit answers EXPIRED */
-    int linked;
 };
 
 struct kvp__store {
@@ -123,9 +121,9 @@ struct kvp__store {
     uint32_t evict_cursor;             /* under evict_lock */
 
     pthread_mutex_t resv_lock;
-    kvp__resv_t *resv_head, *resv_tail;
+    kvp__list_t resv;                  /* open reservations (kvp__resv_t.link), oldest first */
     uint64_t resv_count;               /* under resv_lock */
-    _Atomic uint64_t resv_oldest_ns;   /* deadline of resv_head (UINT64_MAX if none), for unlocked checks */
+    _Atomic uint64_t resv_oldest_ns;   /* deadline of the oldest (UINT64_MAX if none), for unlocked checks */
     uint64_t expired_put;              /* under resv_lock */
 
     _Atomic uint64_t put_no_space;

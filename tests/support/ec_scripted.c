@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "ec/ec_table.h"
 
 /* ---- clock ---- */
@@ -23,8 +23,8 @@ void kvp__ec_sexec_init(kvp__ec_sexec_t *e) { memset(e, 0, sizeof *e); }
 void kvp__ec_sexec_cleanup(kvp__ec_sexec_t *e)
 {
     for (size_t i = 0; i < e->n; i++) {
-        kvp__ec_strfree(e->jobs[i].addr);
-        kvp__ec_strfree(e->jobs[i].tid);
+        kvp__strfree(e->jobs[i].addr);
+        kvp__strfree(e->jobs[i].tid);
     }
     if (e->jobs)
         kvp__free(e->jobs, e->cap * sizeof *e->jobs);
@@ -47,12 +47,12 @@ static kvp_status_t sexec_submit(void *ctx, const char *addr, const char *tid, u
         e->cap = ncap;
     }
     kvp__ec_sjob_t *j = &e->jobs[e->n];
-    j->addr = kvp__ec_strdup(addr);
-    j->tid = kvp__ec_strdup(tid);
+    j->addr = kvp__strdup(addr);
+    j->tid = kvp__strdup(tid);
     j->state = KVP__EC_JOB_PENDING;
     if (!j->addr || !j->tid) {
-        kvp__ec_strfree(j->addr);
-        kvp__ec_strfree(j->tid);
+        kvp__strfree(j->addr);
+        kvp__strfree(j->tid);
         return KVP_ERR_NO_MEMORY;
     }
     *job_p = ++e->n;
@@ -116,8 +116,8 @@ static void free_script(kvp__ec_sctl_t *c)
 static void free_calls(kvp__ec_sctl_t *c)
 {
     for (size_t i = 0; i < c->n_calls; i++) {
-        kvp__ec_strfree(c->calls[i].addr);
-        kvp__ec_strfree(c->calls[i].tid);
+        kvp__strfree(c->calls[i].addr);
+        kvp__strfree(c->calls[i].tid);
     }
     c->n_calls = 0;
 }
@@ -154,11 +154,11 @@ static kvp_status_t log_call(kvp__ec_sctl_t *c, bool is_cancel, const char *addr
     }
     kvp__ec_scall_t *k = &c->calls[c->n_calls];
     k->is_cancel = is_cancel;
-    k->addr = kvp__ec_strdup(addr);
-    k->tid = tid ? kvp__ec_strdup(tid) : NULL;
+    k->addr = kvp__strdup(addr);
+    k->tid = tid ? kvp__strdup(tid) : NULL;
     if (!k->addr || (tid && !k->tid)) {
-        kvp__ec_strfree(k->addr);
-        kvp__ec_strfree(k->tid);
+        kvp__strfree(k->addr);
+        kvp__strfree(k->tid);
         return KVP_ERR_NO_MEMORY;
     }
     c->n_calls++;

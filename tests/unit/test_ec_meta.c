@@ -1,13 +1,14 @@
 /* EC metadata msgpack codec (round trips, every truncation and random
  * corruption rejected cleanly) and the strict JSON parser of events. */
+#include "golden.h"
 #include "test.h"
 
 #include "common/alloc.h"
 #include "ec/ec_json.h"
-#include "ec/ec_map.h"
+#include "common/strmap.h"
 #include "kvpool/ec_connector.h"
 
-static char *S(const char *s) { return kvp__ec_strdup(s); }
+static char *S(const char *s) { return kvp__strdup(s); }
 
 static int64_t *shape2(int64_t a, int64_t b)
 {
@@ -203,12 +204,12 @@ static void canon(const char *in, const char *want)
 {
     kvp_ec_value_t *v;
     ASSERT_OK(kvp_ec_json_parse(in, strlen(in), 32, &v));
-    kvp__ec_buf_t b;
-    kvp__ec_buf_init(&b);
-    kvp__ec_buf_value(&b, v);
-    kvp__ec_buf_put(&b, "", 1);
+    kvp__jw_t b;
+    kvp__jw_init(&b);
+    kvp__ec_value_write(&b, v);
+    kvp__jw_put(&b, "", 1);
     ASSERT_STR_EQ(b.p, want);
-    kvp__ec_buf_cleanup(&b);
+    kvp__jw_cleanup(&b);
     kvp_ec_value_free(v);
 }
 
@@ -274,16 +275,65 @@ TEST(test_ec_json_python_conversions)
     char *s;
     ASSERT_OK(kvp__ec_py_str(&a[10], &s));
     ASSERT_STR_EQ(s, "[1, 'a', None]");
-    kvp__ec_strfree(s);
+    kvp__strfree(s);
     ASSERT_OK(kvp__ec_py_str(&a[11], &s));
     ASSERT_STR_EQ(s, "{'k': \"it's\"}");
-    kvp__ec_strfree(s);
+    kvp__strfree(s);
     ASSERT_OK(kvp__ec_py_str(&a[0], &s));
     ASSERT_STR_EQ(s, "True");
-    kvp__ec_strfree(s);
+    kvp__strfree(s);
     kvp_ec_value_free(v);
     ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
 }
 
-TEST_LIST(T(test_ec_meta_roundtrip), T(test_ec_worker_meta_roundtrip), T(test_ec_meta_decoder_bounds),
+static void check_encoding(kvp_status_t (*enc)(const void *, uint8_t **, size_t *), const void *m, const gold_t *g)
+{
+    uint8_t *buf;
+    size_t len;
+    ASSERT_OK(enc(m, &buf, &len));
+    ASSERT_EQ(len, g->n);
+    ASSERT_MEM_EQ(buf, g->b, len);
+    kvp_ec_buf_free(buf, len);
+}
+
+static kvp_status_t enc_meta(const void *m, uint8_t **b, size_t *n) { return kvp_ec_meta_encode(m, b, n); }
+static kvp_status_t enc_worker(const void *m, uint8_t **b, size_t *n) { return kvp_ec_worker_meta_encode(m, b, n); }
+
+/* Both encodings are msgpack's smallest form for every integer and string
+ * head, byte for byte what libmsgpack-c and Python's msgpack.packb write. */
+TEST(test_ec_meta_encoding_is_byte_exact_msgpack)
+{
+    static int64_t sh1[] = {0, 127, 128, 255, 256, 65535, 65536, 4294967295LL, 4294967296LL, INT64_MAX};
+    static int64_t sh2[] = {-1, -32, -33, -128, -129, -32768, -32769, -2147483648LL, -2147483649LL, INT64_MIN};
+    const char *strs[4];
+    golden_strs(strs);
+    char *freed[] = {(char *)strs[0], (char *)strs[1], (char *)strs[2], (char *)strs[3]};
+    kvp_ec_store_candidate_t cand = {"i", {sh1, 10, "", -129}};
+    kvp_ec_push_spec_t push = {"h", 200, sh2, 10, "bf16", "tcp://x", "t", "r"};
+    kvp_ec_load_spec_t load = {"h", 65536, NULL, 0, "d", "t", -32769, true};
+    kvp_ec_meta_t m = {freed, 4, &cand, 1, &push, 1, &load, 1};
+    gold_t g = {.n = 0};
+    G(&g, 0x96, 0x01, 0x01, 0x94);
+    g_golden_strs(&g);
+    G(&g, 0x91, 0x94, 0xa1, 'i', 0x9a, 0x00, 0x7f, 0xcc, 0x80, 0xcc, 0xff, 0xcd, 0x01, 0x00, 0xcd, 0xff, 0xff,
+      0xce, 0x00, 0x01, 0x00, 0x00, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcf, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
+      0x00, 0xcf, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xa0, 0xd1, 0xff, 0x7f);
+    G(&g, 0x91, 0x97, 0xa1, 'h', 0xcc, 200, 0x9a, 0xff, 0xe0, 0xd0, 0xdf, 0xd0, 0x80, 0xd1, 0xff, 0x7f, 0xd1, 0x80,
+      0x00, 0xd2, 0xff, 0xff, 0x7f, 0xff, 0xd2, 0x80, 0x00, 0x00, 0x00, 0xd3, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff,
+      0xff, 0xff, 0xd3, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00);
+    G(&g, 0xa4, 'b', 'f', '1', '6', 0xa7, 't', 'c', 'p', ':', '/', '/', 'x', 0xa1, 't', 0xa1, 'r');
+    G(&g, 0x91, 0x97, 0xa1, 'h', 0xce, 0x00, 0x01, 0x00, 0x00, 0x90, 0xa1, 'd', 0xa1, 't', 0xd2, 0xff, 0xff, 0x7f,
+      0xff, 0xc3);
+    check_encoding(enc_meta, &m, &g);
+
+    char *loaded[] = {"a"}, *recl[] = {(char *)strs[1]}, *fsaves[] = {"z"};
+    kvp_ec_worker_meta_t w = {loaded, 1, NULL, 0, recl, 1, true, false, fsaves, 1};
+    g.n = 0;
+    G(&g, 0x98, 0x01, 0x02, 0x91, 0xa1, 'a', 0x90, 0x91, 0xd9, 0x20);
+    g_fill(&g, 'b', 32);
+    G(&g, 0xc3, 0xc2, 0x91, 0xa1, 'z');
+    check_encoding(enc_worker, &w, &g);
+}
+
+TEST_LIST(T(test_ec_meta_encoding_is_byte_exact_msgpack), T(test_ec_meta_roundtrip), T(test_ec_worker_meta_roundtrip), T(test_ec_meta_decoder_bounds),
           T(test_ec_meta_random_corruption), T(test_ec_json_strict), T(test_ec_json_python_conversions))

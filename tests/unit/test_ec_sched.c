@@ -231,8 +231,8 @@ TEST(test_ec_s37_cancel_unknown_id_tombstone_and_remote_cancel)
     kvp__ec_sdiscover_t *d = kvp__calloc(1, sizeof *d);
     d->n = 2;
     d->addrs = kvp__calloc(2, sizeof *d->addrs);
-    d->addrs[0] = kvp__ec_strdup("tcp://10.0.0.2:5500");
-    d->addrs[1] = kvp__ec_strdup("tcp://10.0.0.2:5501");
+    d->addrs[0] = kvp__strdup("tcp://10.0.0.2:5500");
+    d->addrs[1] = kvp__strdup("tcp://10.0.0.2:5501");
     kvp__ec_sreply_t *r = kvp__calloc(3, sizeof *r);
     r[0].kind = KVP__EC_REPLY_TIMEOUT;
     r[1].kind = KVP__EC_REPLY_OK;
@@ -590,7 +590,7 @@ TEST(test_ec_sched_randomized_no_revival)
             ASSERT_EQ(after->state, KVP_EC_CANCELLED);
         }
         size_t n = 0;
-        for (kvp__ec_rec_t *r = t->head; r; r = r->next)
+        KVP_LIST_FOR_EACH_ENTRY(r, &t->order, kvp__ec_rec_t, order)
             n++;
         ASSERT_EQ(n, t->records.n);
     }

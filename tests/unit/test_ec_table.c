@@ -10,9 +10,9 @@
 static kvp__ec_spec_t *mkspec(const char *tid, const char *hash, int64_t nbytes)
 {
     kvp__ec_spec_t *s = kvp__calloc(1, sizeof *s);
-    s->mm_hash = kvp__ec_strdup(hash);
-    s->transfer_id = kvp__ec_strdup(tid);
-    s->dtype = kvp__ec_strdup("bfloat16");
+    s->mm_hash = kvp__strdup(hash);
+    s->transfer_id = kvp__strdup(tid);
+    s->dtype = kvp__strdup("bfloat16");
     s->nbytes = nbytes;
     s->ndim = 2;
     s->shape = kvp__malloc(2 * sizeof *s->shape);
@@ -134,17 +134,17 @@ TEST(test_ec_table_waiting_to_unavailable)
     ASSERT_OK(kvp__ec_table_mark_unavailable(&t, "t1", 6000));
     ASSERT_EQ(st_of(&t, "t1"), KVP_EC_UNAVAILABLE);
     ASSERT_EQ(kvp__ec_table_get(&t, "t1")->deadline, 6000 + TTL);
-    kvp__ec_sset_t got;
-    kvp__ec_map_init(&got);
+    kvp__strset_t got;
+    kvp__strmap_init(&got);
     ASSERT_OK(kvp__ec_table_take_unavailable(&t, &got));
     ASSERT_EQ(got.n, 1);
-    ASSERT(kvp__ec_sset_has(&got, "r1"));
-    kvp__ec_sset_clear(&got);
+    ASSERT(kvp__strset_has(&got, "r1"));
+    kvp__strset_clear(&got);
     /* waiting on the tombstone again does not report r1 twice */
     wait_rec(&t, "t1", "H", 9000);
     ASSERT_OK(kvp__ec_table_take_unavailable(&t, &got));
     ASSERT_EQ(got.n, 0);
-    kvp__ec_sset_cleanup(&got);
+    kvp__strset_cleanup(&got);
     kvp__ec_table_cleanup(&t);
 }
 
@@ -182,7 +182,7 @@ TEST(test_ec_table_available_touch_keeps_order)
     observe(&t, "t2", "H2", 64, 1000, true);
     kvp__ec_table_touch_available(&t, "t1", 5000);
     ASSERT_EQ(kvp__ec_table_get(&t, "t1")->deadline, 5000);
-    ASSERT_STR_EQ(t.head->tid, "t1"); /* not a transition: no move */
+    ASSERT_STR_EQ(KVP_LIST_FIRST_ENTRY(&t.order, kvp__ec_rec_t, order)->tid, "t1"); /* not a transition: no move */
     kvp__ec_table_cleanup(&t);
 }
 
@@ -430,15 +430,16 @@ static void check_invariants(kvp__ec_table_t *t)
 {
     size_t n = 0, term = 0;
     __int128 res = 0;
-    for (kvp__ec_rec_t *r = t->head; r; r = r->next) {
+    KVP_LIST_FOR_EACH_ENTRY(r, &t->order, kvp__ec_rec_t, order) {
         n++;
         ASSERT((unsigned)r->state < KVP_EC_NUM_STATES); /* exactly one state */
         term += kvp__ec_state_terminal(r->state);
         if (r->state == KVP_EC_RESIDENT && r->spec)
             res += r->spec->nbytes;
         ASSERT(kvp__ec_table_get(t, r->tid) == r);
-        if (r->next)
-            ASSERT_LT(r->seq, r->next->seq);
+        const kvp__ec_rec_t *next = KVP_LIST_NEXT_ENTRY(r, &t->order, kvp__ec_rec_t, order);
+        if (next)
+            ASSERT_LT(r->seq, next->seq);
         if (r->hash[0]) {
             ASSERT(r->hent != NULL);
             ASSERT_GT(r->hent->count[r->state], 0);
@@ -453,7 +454,7 @@ static void check_invariants(kvp__ec_table_t *t)
             continue;
         kvp__ec_hent_t *h = t->hashes.slots[i].val;
         size_t m = 0, c = 0;
-        for (kvp__ec_rec_t *r = h->head; r; r = r->hnext)
+        KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
             m++;
         for (int s = 0; s < KVP_EC_NUM_STATES; s++)
             c += h->count[s];

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "kvpool/kv_connector.h"
+#include "golden.h"
 #include "support/kv_scripted.h"
 #include "test.h"
 
@@ -246,6 +247,58 @@ TEST(test_meta_decode_random_mutations_fuzz)
     kvp_kv_meta_buf_free(buf, len);
 }
 
-TEST_LIST(T(test_meta_roundtrip_every_field), T(test_meta_roundtrip_empty),
+/* The encoding is msgpack's smallest form for every integer, string and bin
+ * head, byte for byte what libmsgpack-c and Python's msgpack.packb write
+ * (the workers' decoders and the Python references depend on it). */
+TEST(test_meta_encoding_is_byte_exact_msgpack)
+{
+    static const int64_t ints[] = {0, 127, 128, 255, 256, 65535, 65536, 4294967295LL, 4294967296LL, -1, -32,
+                                   -33, -128, -129, -32768, -32769, -2147483648LL, -2147483649LL, INT64_MIN,
+                                   INT64_MAX};
+    static uint8_t hashes[260];
+    for (size_t i = 0; i < sizeof hashes; i++)
+        hashes[i] = (uint8_t)i;
+    const char *unf[4];
+    golden_strs(unf);
+    kvp_kv_ids_t grp = {ints, sizeof ints / sizeof ints[0]};
+    kvp_kv_req_meta_t rm;
+    memset(&rm, 0, sizeof rm);
+    rm.req_id = "r";
+    rm.token_len_chunk = -33;
+    rm.block_ids = (kvp_kv_blocks_t){&grp, 1};
+    rm.block_hashes = hashes;
+    rm.num_block_hashes = 130;
+    rm.hash_len = 2;
+    rm.is_last_chunk = 1;
+    rm.num_prompt_tokens = 300;
+    kvp_kv_meta_t m = {unf, 4, NULL, 0, &rm, 1};
+
+    gold_t g = {.n = 0};
+    G(&g, 0x94, 0x01, 0x94);
+    g_golden_strs(&g);
+    G(&g, 0x90, 0x91, 0x9c, 0xa1, 'r', 0xd0, 0xdf, 0x91, 0xdc, 0x00, 0x14);
+    G(&g, 0x00, 0x7f, 0xcc, 0x80, 0xcc, 0xff, 0xcd, 0x01, 0x00, 0xcd, 0xff, 0xff, 0xce, 0x00, 0x01, 0x00, 0x00,
+      0xce, 0xff, 0xff, 0xff, 0xff, 0xcf, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00);
+    G(&g, 0xff, 0xe0, 0xd0, 0xdf, 0xd0, 0x80, 0xd1, 0xff, 0x7f, 0xd1, 0x80, 0x00, 0xd2, 0xff, 0xff, 0x7f, 0xff,
+      0xd2, 0x80, 0x00, 0x00, 0x00, 0xd3, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff);
+    G(&g, 0xd3, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xcf, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+      0xff);
+    G(&g, 0xcc, 0x82, 0x02, 0xc5, 0x01, 0x04);
+    g_bytes(&g, hashes, sizeof hashes);
+    G(&g, 0xc2, 0xc3, 0xc0, 0xcd, 0x01, 0x2c, 0xc0, 0xc0);
+
+    uint8_t *buf;
+    size_t len;
+    ASSERT_OK(kvp_kv_meta_encode(&m, &buf, &len));
+    ASSERT_EQ(len, g.n);
+    ASSERT_MEM_EQ(buf, g.b, len);
+    kvp_kv_meta_t *back;
+    ASSERT_OK(kvp_kv_meta_decode(buf, len, &back));
+    ASSERT(kvp_kv_meta_equal(&m, back));
+    kvp_kv_meta_free(back);
+    kvp_kv_meta_buf_free(buf, len);
+}
+
+TEST_LIST(T(test_meta_encoding_is_byte_exact_msgpack), T(test_meta_roundtrip_every_field), T(test_meta_roundtrip_empty),
           T(test_meta_roundtrip_from_scheduler), T(test_meta_decode_rejects_every_truncation),
           T(test_meta_decode_rejects_bad_input), T(test_meta_decode_random_mutations_fuzz))

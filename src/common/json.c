@@ -1,36 +1,23 @@
-#include "kv/kv_json.h"
+#include "common/json.h"
 
-#include <stdbool.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
-
-#define CHUNK_MIN (64u << 10)
-
-struct kvp__json_chunk {
-    kvp__json_chunk_t *next;
-    size_t size, used;
-    _Alignas(16) unsigned char data[];
-};
+#include "common/arena.h"
+#include "common/utf8.h"
 
 void kvp__json_parser_init(kvp__json_parser_t *p)
 {
     memset(p, 0, sizeof *p);
+    kvp__arena_init(&p->arena);
     p->max_depth = 128;
-}
-
-static void free_chunks(kvp__json_chunk_t *c)
-{
-    while (c) {
-        kvp__json_chunk_t *n = c->next;
-        kvp__free(c, sizeof *c + c->size);
-        c = n;
-    }
 }
 
 void kvp__json_parser_cleanup(kvp__json_parser_t *p)
 {
-    free_chunks(p->chunks);
+    kvp__arena_cleanup(&p->arena);
     if (p->stack)
         kvp__free(p->stack, p->stack_cap * sizeof *p->stack);
     if (p->sbuf)
@@ -38,52 +25,11 @@ void kvp__json_parser_cleanup(kvp__json_parser_t *p)
     memset(p, 0, sizeof *p);
 }
 
-static void *arena_alloc(kvp__json_parser_t *p, size_t n)
-{
-    n = (n + 15) & ~(size_t)15;
-    kvp__json_chunk_t *c = p->chunks;
-    if (!c || c->size - c->used < n) {
-        size_t sz = n > CHUNK_MIN ? n : CHUNK_MIN;
-        kvp__json_chunk_t *nc = kvp__malloc(sizeof *nc + sz);
-        if (!nc)
-            return NULL;
-        nc->size = sz;
-        nc->used = 0;
-        nc->next = c;
-        p->chunks = nc;
-        c = nc;
-    }
-    void *r = c->data + c->used;
-    c->used += n;
-    return r;
-}
-
-/* Keeps the largest chunk only, emptied. */
-static void arena_reset(kvp__json_parser_t *p)
-{
-    kvp__json_chunk_t *best = NULL, *c = p->chunks;
-    while (c) {
-        kvp__json_chunk_t *n = c->next;
-        if (!best || c->size > best->size) {
-            if (best)
-                kvp__free(best, sizeof *best + best->size);
-            best = c;
-        } else {
-            kvp__free(c, sizeof *c + c->size);
-        }
-        c = n;
-    }
-    if (best) {
-        best->next = NULL;
-        best->used = 0;
-    }
-    p->chunks = best;
-}
+static void *arena_alloc(kvp__json_parser_t *p, size_t n) { return kvp__arena_alloc(&p->arena, n); }
 
 typedef struct {
     kvp__json_parser_t *p;
     const char *s, *end;
-    unsigned depth;
     int oom;
 } cur_t;
 
@@ -188,7 +134,7 @@ static int parse_string(cur_t *c, const char **out, size_t *out_len)
     const char *q = start;
     while (q < c->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20)
         q++;
-    if (q < c->end && *q == '"') {
+    if (q < c->end && *q == '"' && kvp__utf8_valid(start, (size_t)(q - start))) {
         size_t n = (size_t)(q - start);
         char *d = arena_alloc(c->p, n + 1);
         if (!d) {
@@ -216,8 +162,12 @@ static int parse_string(cur_t *c, const char **out, size_t *out_len)
         if (ch < 0x20)
             return -1; /* strict: control characters are not allowed */
         if (ch != '\\') {
-            c->p->sbuf[o++] = (char)ch;
-            c->s++;
+            size_t l = kvp__utf8_seq_len(c->s, (size_t)(c->end - c->s));
+            if (!l)
+                return -1; /* strict: well-formed UTF-8 only */
+            memcpy(c->p->sbuf + o, c->s, l);
+            o += l;
+            c->s += l;
             continue;
         }
         c->s++;
@@ -340,12 +290,11 @@ static int parse_number(cur_t *c, kvp__json_t *v)
     return 0;
 }
 
-static int parse_value(cur_t *c, kvp__json_t *v);
+static int parse_value(cur_t *c, kvp__json_t *v, unsigned depth);
 
-static int parse_container(cur_t *c, kvp__json_t *v, bool obj)
+/* depth: how many containers hold this one. */
+static int parse_container(cur_t *c, kvp__json_t *v, bool obj, unsigned depth)
 {
-    if (++c->depth > c->p->max_depth)
-        return -1;
     c->s++;
     size_t base = c->p->nstack;
     skip_ws(c);
@@ -368,11 +317,11 @@ static int parse_container(cur_t *c, kvp__json_t *v, bool obj)
                 if (c->s >= c->end || *c->s != ':')
                     return -1;
                 c->s++;
-                if (parse_value(c, &item))
+                if (parse_value(c, &item, depth + 1))
                     return -1;
                 item.key = k;
                 item.key_len = (uint32_t)kl;
-            } else if (parse_value(c, &item)) {
+            } else if (parse_value(c, &item, depth + 1)) {
                 return -1;
             }
             if (push(c, &item))
@@ -404,18 +353,19 @@ static int parse_container(cur_t *c, kvp__json_t *v, bool obj)
         memcpy(v->u.items, c->p->stack + base, n * sizeof(kvp__json_t));
     }
     c->p->nstack = base;
-    c->depth--;
     return 0;
 }
 
-static int parse_value(cur_t *c, kvp__json_t *v)
+static int parse_value(cur_t *c, kvp__json_t *v, unsigned depth)
 {
+    if (depth > c->p->max_depth)
+        return -1;
     skip_ws(c);
     if (c->s >= c->end)
         return -1;
     switch (*c->s) {
-    case '{': return parse_container(c, v, true);
-    case '[': return parse_container(c, v, false);
+    case '{': return parse_container(c, v, true, depth);
+    case '[': return parse_container(c, v, false, depth);
     case '"': {
         const char *s;
         size_t n;
@@ -458,14 +408,14 @@ static int parse_value(cur_t *c, kvp__json_t *v)
 kvp_status_t kvp__json_parse(kvp__json_parser_t *p, const char *text, size_t len,
                              const kvp__json_t **root_p)
 {
-    arena_reset(p);
+    kvp__arena_reset(&p->arena);
     p->nstack = 0;
-    cur_t c = {p, text, text + len, 0, 0};
+    cur_t c = {p, text, text + len, 0};
     kvp__json_t *root = arena_alloc(p, sizeof *root);
     if (!root)
         return KVP_ERR_NO_MEMORY;
     memset(root, 0, sizeof *root);
-    if (parse_value(&c, root))
+    if (parse_value(&c, root, 0))
         return c.oom ? KVP_ERR_NO_MEMORY : KVP_ERR_DECODE;
     skip_ws(&c);
     if (c.s != c.end)
@@ -485,4 +435,100 @@ const kvp__json_t *kvp__json_get(const kvp__json_t *obj, const char *key)
             return m;
     }
     return NULL;
+}
+
+/* ---- writer ---------------------------------------------------------------- */
+
+void kvp__jw_init(kvp__jw_t *b)
+{
+    b->p = NULL;
+    b->len = b->cap = 0;
+    b->oom = false;
+}
+
+void kvp__jw_cleanup(kvp__jw_t *b)
+{
+    if (b->p)
+        kvp__free(b->p, b->cap);
+    kvp__jw_init(b);
+}
+
+void kvp__jw_put(kvp__jw_t *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n > b->cap) {
+        size_t ncap = b->cap ? b->cap : 256;
+        while (ncap < b->len + n)
+            ncap *= 2;
+        char *np = kvp__realloc(b->p, b->cap, ncap);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = ncap;
+    }
+    if (n)
+        memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+void kvp__jw_puts(kvp__jw_t *b, const char *s) { kvp__jw_put(b, s, strlen(s)); }
+
+void kvp__jw_int(kvp__jw_t *b, int64_t v)
+{
+    char tmp[24];
+    int n = snprintf(tmp, sizeof tmp, "%" PRId64, v);
+    kvp__jw_put(b, tmp, (size_t)n);
+}
+
+void kvp__jw_bool(kvp__jw_t *b, bool v) { kvp__jw_puts(b, v ? "true" : "false"); }
+
+static void put_u4(kvp__jw_t *b, unsigned v)
+{
+    static const char hx[] = "0123456789abcdef";
+    char t[6] = {'\\', 'u', hx[(v >> 12) & 15], hx[(v >> 8) & 15], hx[(v >> 4) & 15], hx[v & 15]};
+    kvp__jw_put(b, t, 6);
+}
+
+void kvp__jw_str(kvp__jw_t *b, const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str, *end = s + n;
+    kvp__jw_put(b, "\"", 1);
+    while (s < end) {
+        const unsigned char *q = s; /* a run of printable ASCII goes as it is */
+        while (q < end && *q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\')
+            q++;
+        kvp__jw_put(b, (const char *)s, (size_t)(q - s));
+        if ((s = q) == end)
+            break;
+        unsigned c = *s++;
+        switch (c) {
+        case '"': kvp__jw_put(b, "\\\"", 2); continue;
+        case '\\': kvp__jw_put(b, "\\\\", 2); continue;
+        case '\n': kvp__jw_put(b, "\\n", 2); continue;
+        case '\r': kvp__jw_put(b, "\\r", 2); continue;
+        case '\t': kvp__jw_put(b, "\\t", 2); continue;
+        case '\b': kvp__jw_put(b, "\\b", 2); continue;
+        case '\f': kvp__jw_put(b, "\\f", 2); continue;
+        default: break;
+        }
+        /* A (WTF-8) sequence, decoded by its lead byte; a byte that leads
+         * none is written as the code point of its value. */
+        unsigned cp = c;
+        int more = c >= 0xf0 && c < 0xf8 ? 3 : c >= 0xe0 && c < 0xf0 ? 2 : c >= 0xc0 && c < 0xe0 ? 1 : 0;
+        if (more)
+            cp = c & (0x3fu >> more);
+        for (int i = 0; i < more && s < end && (*s & 0xc0) == 0x80; i++)
+            cp = (cp << 6) | (*s++ & 0x3f);
+        if (cp >= 0x10000) {
+            cp -= 0x10000;
+            put_u4(b, 0xd800 + (cp >> 10));
+            put_u4(b, 0xdc00 + (cp & 0x3ff));
+        } else {
+            put_u4(b, cp);
+        }
+    }
+    kvp__jw_put(b, "\"", 1);
 }
