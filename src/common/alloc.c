@@ -66,6 +66,40 @@ void kvp__free(void *p, size_t size)
     free(p);
 }
 
+void *kvp__grow(void *arr, size_t *cap_p, size_t need, size_t elem, size_t first)
+{
+    size_t cap = arr ? *cap_p : 0;
+    if (need <= cap)
+        return arr;
+    if (!elem || cap > SIZE_MAX / 2)
+        return NULL;
+    size_t ncap = cap ? cap * 2 : (first ? first : 1);
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2)
+            return NULL;
+        ncap *= 2;
+    }
+    if (ncap > SIZE_MAX / elem)
+        return NULL;
+    uint8_t *p = kvp__realloc(arr, cap * elem, ncap * elem);
+    if (!p)
+        return NULL;
+    memset(p + cap * elem, 0, (ncap - cap) * elem);
+    *cap_p = ncap;
+    return p;
+}
+
+int kvp__grow_in(void **arr_p, size_t *cap_p, size_t need, size_t elem, size_t first)
+{
+    if (!need)
+        return 0; /* (nothing to make room for: a NULL array stays NULL) */
+    void *p = kvp__grow(*arr_p, cap_p, need, elem, first);
+    if (!p)
+        return -1;
+    *arr_p = p;
+    return 0;
+}
+
 char *kvp__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -19,6 +19,14 @@ void *kvp__calloc(size_t n, size_t size);
 /* old_size: the size old was allocated with (0 when old is NULL). */
 void *kvp__realloc(void *old, size_t old_size, size_t new_size);
 void kvp__free(void *p, size_t size);
+/* A growable array of *cap_p elements of elem bytes, with room for at
+ * least `need` (>= 1): returns arr when it has, else the array grown (doubled, or
+ * `first` elements when empty; the new elements zeroed) with *cap_p
+ * updated, or NULL (out of memory: arr and *cap_p unchanged). */
+void *kvp__grow(void *arr, size_t *cap_p, size_t need, size_t elem, size_t first);
+/* The same on the array pointer itself (*arr_p updated; need 0 is
+ * always met): 0, or -1. */
+int kvp__grow_in(void **arr_p, size_t *cap_p, size_t need, size_t elem, size_t first);
 /* strdup through the shim; free with kvp__free(s, strlen(s) + 1). */
 char *kvp__strdup(const char *s);
 /* Frees a kvp__strdup'ed string (NULL is fine). */

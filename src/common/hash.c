@@ -253,6 +253,23 @@ static void encode_tokens(kvp__cbor_t *c, token_view_t tv, size_t start, size_t 
     }
 }
 
+/* A block's CBOR up to its extra keys: [parent, tokens, extras] with
+ * extras null when there are none (returns 0) or an array head of nextra
+ * that the caller fills (returns 1). */
+static int encode_head(kvp__cbor_t *c, const kvp_hash_t *parent, token_view_t tv, size_t start, size_t n,
+                       size_t nextra)
+{
+    kvp__cbor_array(c, 3);
+    kvp__cbor_bytes(c, parent->bytes, parent->len);
+    encode_tokens(c, tv, start, n);
+    if (nextra == 0) {
+        kvp__cbor_null(c);
+        return 0;
+    }
+    kvp__cbor_array(c, nextra);
+    return 1;
+}
+
 /* The fields an extra-keys struct and a request share: lora_name,
  * cache_salt and an array of multimodal entries (`what`, n of them). */
 static kvp_status_t check_common(const char *fn, const char *lora, size_t lora_len, const char *salt,
@@ -312,13 +329,7 @@ static kvp_status_t hash_block(const char *fn, kvp_hash_algo_t algo, const kvp_h
     uint8_t inline_buf[HASH_INLINE_BUF];
     kvp__cbor_t c;
     kvp__cbor_init(&c, inline_buf, sizeof inline_buf);
-    kvp__cbor_array(&c, 3);
-    kvp__cbor_bytes(&c, parent->bytes, parent->len);
-    encode_tokens(&c, tv, 0, num_tokens);
-    if (nextra == 0) {
-        kvp__cbor_null(&c);
-    } else {
-        kvp__cbor_array(&c, nextra);
+    if (encode_head(&c, parent, tv, 0, num_tokens, nextra)) {
         if (extra->lora_name)
             kvp__cbor_text(&c, extra->lora_name, extra->lora_name_len);
         for (size_t i = 0; i < extra->num_mm_keys; i++) {
@@ -501,13 +512,7 @@ static kvp_status_t request_blocks(const char *fn, kvp_hash_algo_t algo,
         const kvp_hash_t *parent = b == 0 ? none_hash : &hashes[b - 1];
 
         kvp__cbor_reset(&c);
-        kvp__cbor_array(&c, 3);
-        kvp__cbor_bytes(&c, parent->bytes, parent->len);
-        encode_tokens(&c, tv, (size_t)start, bs);
-        if (nextra == 0) {
-            kvp__cbor_null(&c);
-        } else {
-            kvp__cbor_array(&c, nextra);
+        if (encode_head(&c, parent, tv, (size_t)start, bs, nextra)) {
             if (req->lora_name)
                 kvp__cbor_text(&c, req->lora_name, req->lora_name_len);
             mm_walk(req, start, end, cursor, &c, &nmm);

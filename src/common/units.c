@@ -37,12 +37,35 @@ static int parse_number(const char *s, double *v_p, const char **end_p)
     return 0;
 }
 
+typedef struct unit {
+    const char *unit;
+    double mult;
+} unit_t;
+
+/* "<number><unit>" scaled by the unit's multiplier (units[]: n of them,
+ * matched ignoring case when nocase), into a uint64; integral: the result
+ * must be a whole number.  0, or -1 for anything else. */
+static int parse_scaled(const char *s, const unit_t *units, size_t n, int nocase, int integral, uint64_t *out_p)
+{
+    double v;
+    const char *u;
+    if (!s || parse_number(s, &v, &u) != 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if ((nocase ? strcasecmp(u, units[i].unit) : strcmp(u, units[i].unit)) != 0)
+            continue;
+        double x = v * units[i].mult;
+        if (!(x >= 0) || x > 9.2e18 || (integral && x != floor(x)))
+            return -1;
+        *out_p = (uint64_t)x;
+        return 0;
+    }
+    return -1;
+}
+
 kvp_status_t kvp__parse_size(const char *s, uint64_t *bytes_p)
 {
-    static const struct {
-        const char *unit;
-        double mult;
-    } units[] = {
+    static const unit_t units[] = {
         {"", 1},
         {"b", 1},
         {"k", 1024.0},
@@ -58,44 +81,15 @@ kvp_status_t kvp__parse_size(const char *s, uint64_t *bytes_p)
         {"tb", 1099511627776.0},
         {"tib", 1099511627776.0},
     };
-    double v;
-    const char *u;
-    if (!s || parse_number(s, &v, &u) != 0)
-        return KVP_ERR_BAD_SIZE;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(u, units[i].unit) == 0) {
-            double b = v * units[i].mult;
-            if (!(b >= 0) || b > 9.2e18 || b != floor(b))
-                return KVP_ERR_BAD_SIZE;
-            *bytes_p = (uint64_t)b;
-            return KVP_OK;
-        }
-    }
-    return KVP_ERR_BAD_SIZE;
+    return parse_scaled(s, units, sizeof units / sizeof units[0], 1, 1, bytes_p) ? KVP_ERR_BAD_SIZE : KVP_OK;
 }
 
 kvp_status_t kvp__parse_duration_ns(const char *s, uint64_t *ns_p)
 {
-    static const struct {
-        const char *unit;
-        double mult;
-    } units[] = {
+    static const unit_t units[] = {
         {"", 1e9}, {"ns", 1}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}, {"m", 60e9}, {"h", 3600e9},
     };
-    double v;
-    const char *u;
-    if (!s || parse_number(s, &v, &u) != 0)
-        return KVP_ERR_BAD_OPTION;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(u, units[i].unit) == 0) {
-            double ns = v * units[i].mult;
-            if (!(ns >= 0) || ns > 9.2e18)
-                return KVP_ERR_BAD_OPTION;
-            *ns_p = (uint64_t)ns;
-            return KVP_OK;
-        }
-    }
-    return KVP_ERR_BAD_OPTION;
+    return parse_scaled(s, units, sizeof units / sizeof units[0], 0, 0, ns_p) ? KVP_ERR_BAD_OPTION : KVP_OK;
 }
 
 void kvp__format_size(uint64_t bytes, char *buf, int buflen)

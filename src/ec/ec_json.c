@@ -321,8 +321,7 @@ static void buf_pystr(kvp__jw_t *b, const kvp_ec_value_t *v, bool repr)
     case KVP_EC_V_ARRAY:
         kvp__jw_puts(b, "[");
         for (size_t i = 0; i < v->u.arr.n; i++) {
-            if (i)
-                kvp__jw_puts(b, ", ");
+            kvp__jw_puts(b, i ? ", " : "");
             buf_pystr(b, &v->u.arr.items[i], true);
         }
         kvp__jw_puts(b, "]");
@@ -330,8 +329,7 @@ static void buf_pystr(kvp__jw_t *b, const kvp_ec_value_t *v, bool repr)
     case KVP_EC_V_OBJECT:
         kvp__jw_puts(b, "{");
         for (size_t i = 0; i < v->u.obj.n; i++) {
-            if (i)
-                kvp__jw_puts(b, ", ");
+            kvp__jw_puts(b, i ? ", " : "");
             buf_pyrepr_str(b, v->u.obj.members[i].key, v->u.obj.members[i].key_len);
             kvp__jw_puts(b, ": ");
             buf_pystr(b, &v->u.obj.members[i].value, true);

@@ -13,6 +13,15 @@ static void shape_free(int64_t *shape, size_t ndim)
         kvp__free(shape, ndim * sizeof *shape);
 }
 
+/* What a push and a load spec both own. */
+static void spec_free(char *mm_hash, char *dtype, char *transfer_id, int64_t *shape, size_t ndim)
+{
+    kvp__strfree(mm_hash);
+    kvp__strfree(dtype);
+    kvp__strfree(transfer_id);
+    shape_free(shape, ndim);
+}
+
 void kvp_ec_meta_cleanup(kvp_ec_meta_t *m)
 {
     if (!m)
@@ -27,24 +36,15 @@ void kvp_ec_meta_cleanup(kvp_ec_meta_t *m)
         kvp__free(m->store_candidates, m->n_store_candidates * sizeof *m->store_candidates);
     for (size_t i = 0; i < m->n_pushes; i++) {
         kvp_ec_push_spec_t *p = &m->pushes[i];
-        kvp__strfree(p->mm_hash);
-        kvp__strfree(p->dtype);
+        spec_free(p->mm_hash, p->dtype, p->transfer_id, p->shape, p->ndim);
         kvp__strfree(p->consumer_zmq);
-        kvp__strfree(p->transfer_id);
         kvp__strfree(p->request_id);
-        shape_free(p->shape, p->ndim);
     }
-    if (m->pushes)
-        kvp__free(m->pushes, m->n_pushes * sizeof *m->pushes);
-    for (size_t i = 0; i < m->n_loads; i++) {
-        kvp_ec_load_spec_t *l = &m->loads[i];
-        kvp__strfree(l->mm_hash);
-        kvp__strfree(l->dtype);
-        kvp__strfree(l->transfer_id);
-        shape_free(l->shape, l->ndim);
-    }
-    if (m->loads)
-        kvp__free(m->loads, m->n_loads * sizeof *m->loads);
+    kvp__free(m->pushes, m->n_pushes * sizeof *m->pushes);
+    for (size_t i = 0; i < m->n_loads; i++)
+        spec_free(m->loads[i].mm_hash, m->loads[i].dtype, m->loads[i].transfer_id, m->loads[i].shape,
+                  m->loads[i].ndim);
+    kvp__free(m->loads, m->n_loads * sizeof *m->loads);
     memset(m, 0, sizeof *m);
 }
 
@@ -63,24 +63,22 @@ void kvp_ec_finished_cleanup(kvp_ec_finished_t *f)
 {
     if (!f)
         return;
-    if (f->items) {
-        for (size_t i = 0; i < f->n_items; i++) {
-            kvp__strfree(f->items[i].identifier);
-            kvp__strfree(f->items[i].modality);
-            kvp__strfree(f->items[i].transfer_id);
-        }
-        kvp__free(f->items, f->n_items * sizeof *f->items);
+    for (size_t i = 0; f->items && i < f->n_items; i++) {
+        kvp__strfree(f->items[i].identifier);
+        kvp__strfree(f->items[i].modality);
+        kvp__strfree(f->items[i].transfer_id);
     }
+    kvp__free(f->items, f->n_items * sizeof *f->items);
     memset(f, 0, sizeof *f);
 }
 
 void kvp_ec_strlist_cleanup(kvp_ec_strlist_t *l)
 {
-    if (!l)
-        return;
-    kvp__ec_strv_free(l->v, l->n);
-    l->v = NULL;
-    l->n = 0;
+    if (l) {
+        kvp__ec_strv_free(l->v, l->n);
+        l->v = NULL;
+        l->n = 0;
+    }
 }
 
 const char *kvp_ec_error_name(kvp_ec_error_t e)

@@ -60,14 +60,10 @@ kvp_status_t kvp__ec_ready_add(kvp__ec_rentry_t *e, int64_t shard)
     for (size_t i = 0; i < e->n; i++)
         if (e->shards[i] == shard)
             return KVP_OK;
-    if (e->n == e->cap) {
-        size_t ncap = e->cap ? e->cap * 2 : 4;
-        int64_t *ns = kvp__realloc(e->shards, e->cap * sizeof *ns, ncap * sizeof *ns);
-        if (!ns)
-            return KVP_ERR_NO_MEMORY;
-        e->shards = ns;
-        e->cap = ncap;
-    }
+    int64_t *ns = kvp__grow(e->shards, &e->cap, e->n + 1, sizeof *ns, 4);
+    if (!ns)
+        return KVP_ERR_NO_MEMORY;
+    e->shards = ns;
     e->shards[e->n++] = shard;
     return KVP_OK;
 }

@@ -395,14 +395,10 @@ kvp_status_t kvp_ec_sched_update_state_after_alloc(kvp_ec_sched_t *s, const kvp_
     if ((st = prepare_push_spec(s, req, index)) != KVP_OK)
         return fail_st(s, st);
     if (s->cfg.cross_encoder_cache && !strcmp(f->modality, "image")) {
-        if (s->n_cands == s->cap_cands) {
-            size_t ncap = s->cap_cands ? s->cap_cands * 2 : 16;
-            candidate_t *nc = kvp__realloc(s->cands, s->cap_cands * sizeof *nc, ncap * sizeof *nc);
-            if (!nc)
-                return fail_st(s, KVP_ERR_NO_MEMORY);
-            s->cands = nc;
-            s->cap_cands = ncap;
-        }
+        candidate_t *nc = kvp__grow(s->cands, &s->cap_cands, s->n_cands + 1, sizeof *nc, 16);
+        if (!nc)
+            return fail_st(s, KVP_ERR_NO_MEMORY);
+        s->cands = nc;
         candidate_t c = {0};
         c.spec.ndim = 2;
         st = output_spec(s, req, index, true, &c.spec.shape, &c.spec.dtype, &c.spec.nbytes);

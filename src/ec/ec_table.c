@@ -339,15 +339,10 @@ static kvp_status_t notify_unavailable(kvp__ec_table_t *t, kvp__ec_rec_t *r, con
     for (size_t i = 0; i < r->n_notified; i++)
         if (!strcmp(r->notified[i], req))
             return KVP_OK;
-    if (r->n_notified == r->cap_notified) {
-        size_t ncap = r->cap_notified ? r->cap_notified * 2 : 2;
-        char **nv = kvp__realloc(r->notified, r->cap_notified * sizeof *nv, ncap * sizeof *nv);
-        if (!nv)
-            return KVP_ERR_NO_MEMORY;
-        memset(nv + r->cap_notified, 0, (ncap - r->cap_notified) * sizeof *nv);
-        r->notified = nv;
-        r->cap_notified = ncap;
-    }
+    char **nv = kvp__grow(r->notified, &r->cap_notified, r->n_notified + 1, sizeof *nv, 2);
+    if (!nv)
+        return KVP_ERR_NO_MEMORY;
+    r->notified = nv;
     char *c = kvp__strdup(req);
     if (!c)
         return KVP_ERR_NO_MEMORY;
@@ -487,15 +482,10 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
         return st;
     if (kvp__strset_has(&t->orphan_set, r->tid))
         return KVP_OK;
-    if (t->n_orphans == t->cap_orphans) {
-        size_t ncap = t->cap_orphans ? t->cap_orphans * 2 : 8;
-        char **nv = kvp__realloc(t->orphans, t->cap_orphans * sizeof *nv, ncap * sizeof *nv);
-        if (!nv)
-            return KVP_ERR_NO_MEMORY;
-        memset(nv + t->cap_orphans, 0, (ncap - t->cap_orphans) * sizeof *nv);
-        t->orphans = nv;
-        t->cap_orphans = ncap;
-    }
+    char **nv = kvp__grow(t->orphans, &t->cap_orphans, t->n_orphans + 1, sizeof *nv, 8);
+    if (!nv)
+        return KVP_ERR_NO_MEMORY;
+    t->orphans = nv;
     char *c = kvp__strdup(r->tid);
     if (!c)
         return KVP_ERR_NO_MEMORY;
@@ -618,16 +608,12 @@ kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t termi
      * since touch_available extends them). */
     KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &t->states[KVP_EC_AVAILABLE], kvp__ec_rec_t, slink) {
         if (r->has_deadline && r->deadline <= now) {
-            if (n == cap) {
-                size_t ncap = cap ? cap * 2 : 8;
-                char **nv = kvp__realloc(out, cap * sizeof *nv, ncap * sizeof *nv);
-                if (!nv) {
-                    st = KVP_ERR_NO_MEMORY;
-                    break;
-                }
-                out = nv;
-                cap = ncap;
+            char **nv = kvp__grow(out, &cap, n + 1, sizeof *nv, 8);
+            if (!nv) {
+                st = KVP_ERR_NO_MEMORY;
+                break;
             }
+            out = nv;
             char *c = kvp__strdup(r->tid);
             if (!c) {
                 st = KVP_ERR_NO_MEMORY;

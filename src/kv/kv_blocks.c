@@ -52,16 +52,10 @@ kvp_status_t kvp__kv_btuple_extend(kvp__kv_btuple_t *t, const kvp_kv_blocks_t *b
         size_t add = b->groups[g].n;
         if (add == 0)
             continue;
-        if (l->n + add > l->cap) {
-            size_t ncap = l->cap ? l->cap * 2 : 8;
-            while (ncap < l->n + add)
-                ncap *= 2;
-            int64_t *ni = kvp__realloc(l->ids, l->cap * sizeof(int64_t), ncap * sizeof(int64_t));
-            if (!ni)
-                return KVP_ERR_NO_MEMORY;
-            l->ids = ni;
-            l->cap = ncap;
-        }
+        int64_t *ni = kvp__grow(l->ids, &l->cap, l->n + add, sizeof *ni, 8);
+        if (!ni)
+            return KVP_ERR_NO_MEMORY;
+        l->ids = ni;
         memcpy(l->ids + l->n, b->groups[g].ids, add * sizeof(int64_t));
         l->n += add;
     }

@@ -92,21 +92,6 @@ static void ns_key(const kvp_kv_lookup_pool_t *lk, uint32_t ns, kvp_kv_store_key
     k->group_id = 0;
 }
 
-static kvp_status_t grow(void **buf_p, size_t *cap_p, size_t elem, size_t need)
-{
-    if (need <= *cap_p)
-        return KVP_OK;
-    size_t cap = *cap_p ? *cap_p : 64;
-    while (cap < need)
-        cap *= 2;
-    void *p = kvp__realloc(*buf_p, *cap_p * elem, cap * elem);
-    if (!p)
-        return KVP_ERR_NO_MEMORY;
-    *buf_p = p;
-    *cap_p = cap;
-    return KVP_OK;
-}
-
 /* Formats the keys of chunks [first, first + n) of req, chunk-major, into the
  * scratch buffers; lk->keys[0 .. n * num_ns) are their views. */
 static kvp_status_t build_window(kvp_kv_lookup_pool_t *lk, const kvp_kv_request_t *req,
@@ -114,11 +99,10 @@ static kvp_status_t build_window(kvp_kv_lookup_pool_t *lk, const kvp_kv_request_
 {
     size_t ratio = (size_t)(lk->p.block_size / lk->p.hash_block_size);
     size_t nkeys = n * lk->num_ns, used = 0;
-    kvp_status_t st = grow((void **)&lk->keys, &lk->keys_cap, sizeof *lk->keys, nkeys);
-    if (st == KVP_OK)
-        st = grow((void **)&lk->ends, &lk->ends_cap, sizeof *lk->ends, nkeys);
-    if (st != KVP_OK)
-        return st;
+    if (kvp__grow_in((void **)&lk->keys, &lk->keys_cap, nkeys, sizeof *lk->keys, 64) ||
+        kvp__grow_in((void **)&lk->ends, &lk->ends_cap, nkeys, sizeof *lk->ends, 64))
+        return KVP_ERR_NO_MEMORY;
+    kvp_status_t st;
     for (size_t c = 0; c < n; c++) {
         const uint8_t *h = req->block_hashes + ((first + c + 1) * ratio - 1) * req->hash_len;
         for (uint32_t ns = 0; ns < lk->num_ns; ns++) {
@@ -127,9 +111,9 @@ static kvp_status_t build_window(kvp_kv_lookup_pool_t *lk, const kvp_kv_request_
             k.hash.len = (uint8_t)req->hash_len;
             memcpy(k.hash.bytes, h, req->hash_len);
             size_t len;
-            st = grow((void **)&lk->text, &lk->text_cap, 1, used + KVP_KV_STORE_KEY_MAX + 1);
-            if (st == KVP_OK)
-                st = kvp_kv_store_key_format(&k, lk->text + used, lk->text_cap - used, &len);
+            if (kvp__grow_in((void **)&lk->text, &lk->text_cap, used + KVP_KV_STORE_KEY_MAX + 1, 1, 64))
+                return KVP_ERR_NO_MEMORY;
+            st = kvp_kv_store_key_format(&k, lk->text + used, lk->text_cap - used, &len);
             if (st != KVP_OK)
                 return st;
             used += len;

@@ -14,25 +14,10 @@ void kvp__kv_tracker_clear(kvp__kv_tracker_t *tr)
     memset(tr, 0, sizeof *tr);
 }
 
-static kvp_status_t grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return KVP_OK;
-    size_t nc = *cap ? *cap : 16;
-    while (nc < need)
-        nc *= 2;
-    void *np = kvp__realloc(*p, *cap * elem, nc * elem);
-    if (!np)
-        return KVP_ERR_NO_MEMORY;
-    *p = np;
-    *cap = nc;
-    return KVP_OK;
-}
-
 kvp_status_t kvp__kv_pmeta_push(kvp_kv_sched_t *s, const kvp__kv_pmeta_t *pm)
 {
     kvp__kv_metabuf_t *mb = &s->mb;
-    if (grow((void **)&mb->pm, &mb->pm_cap, mb->npm + 1, sizeof *mb->pm) != KVP_OK) {
+    if (kvp__grow_in((void **)&mb->pm, &mb->pm_cap, mb->npm + 1, sizeof *mb->pm, 16)) {
         kvp__kv_btuple_unref(pm->blocks);
         kvp__kv_tokens_unref(pm->token_ids);
         return KVP_ERR_NO_MEMORY;
@@ -125,12 +110,12 @@ kvp_status_t kvp__kv_metabuf_snapshot(kvp_kv_sched_t *s, const kvp_kv_sched_outp
     }
     for (size_t i = 0; i < so->num_preempted; i++)
         nstr += strlen(so->preempted_req_ids[i]) + 1;
-    if (grow((void **)&mb->rm, &mb->rm_cap, mb->npm, sizeof *mb->rm) ||
-        grow((void **)&mb->groups, &mb->groups_cap, ngroups, sizeof *mb->groups) ||
-        grow((void **)&mb->tails, &mb->tails_cap, ntails, sizeof *mb->tails) ||
-        grow((void **)&mb->unf, &mb->unf_cap, s->num_uids, sizeof *mb->unf) ||
-        grow((void **)&mb->pre, &mb->pre_cap, so->num_preempted, sizeof *mb->pre) ||
-        grow((void **)&mb->strs, &mb->strs_cap, nstr, 1))
+    if (kvp__grow_in((void **)&mb->rm, &mb->rm_cap, mb->npm, sizeof *mb->rm, 16) ||
+        kvp__grow_in((void **)&mb->groups, &mb->groups_cap, ngroups, sizeof *mb->groups, 16) ||
+        kvp__grow_in((void **)&mb->tails, &mb->tails_cap, ntails, sizeof *mb->tails, 16) ||
+        kvp__grow_in((void **)&mb->unf, &mb->unf_cap, s->num_uids, sizeof *mb->unf, 16) ||
+        kvp__grow_in((void **)&mb->pre, &mb->pre_cap, so->num_preempted, sizeof *mb->pre, 16) ||
+        kvp__grow_in((void **)&mb->strs, &mb->strs_cap, nstr, 1, 16))
         return KVP_ERR_NO_MEMORY;
     size_t gi = 0, ti = 0;
     for (size_t i = 0; i < mb->npm; i++) {

@@ -149,14 +149,10 @@ static kvp_status_t uid_add(kvp_kv_sched_t *s, kvp__kv_rec_t *r)
 {
     if (r->uid_idx != SIZE_MAX)
         return KVP_OK;
-    if (s->num_uids == s->uids_cap) {
-        size_t nc = s->uids_cap ? s->uids_cap * 2 : 64;
-        void *p = kvp__realloc(s->uids, s->uids_cap * sizeof *s->uids, nc * sizeof *s->uids);
-        if (!p)
-            return KVP_ERR_NO_MEMORY;
-        s->uids = p;
-        s->uids_cap = nc;
-    }
+    void *p = kvp__grow(s->uids, &s->uids_cap, s->num_uids + 1, sizeof *s->uids, 64);
+    if (!p)
+        return KVP_ERR_NO_MEMORY;
+    s->uids = p;
     r->uid_idx = s->num_uids;
     s->uids[s->num_uids++] = r;
     return KVP_OK;

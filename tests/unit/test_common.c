@@ -83,5 +83,51 @@ TEST(test_alloc_shim_counts_and_injects)
     ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
 }
 
+/* kvp__grow: the one growable-array step (first size, doubling, zeroed
+ * tail, room for a batch at once, the array kept on failure). */
+TEST(test_alloc_grow_doubles_zeroes_and_keeps_on_failure)
+{
+    uint64_t base = kvp__alloc_bytes_in_use();
+    size_t cap = 0;
+    int *a = kvp__grow(NULL, &cap, 1, sizeof *a, 4);
+    ASSERT(a != NULL);
+    ASSERT_EQ(cap, 4);
+    for (size_t i = 0; i < cap; i++)
+        ASSERT_EQ(a[i], 0);
+    for (int i = 0; i < 4; i++)
+        a[i] = i + 1;
+    ASSERT(kvp__grow(a, &cap, 4, sizeof *a, 4) == a); /* room already */
+    a = kvp__grow(a, &cap, 5, sizeof *a, 4);
+    ASSERT(a != NULL);
+    ASSERT_EQ(cap, 8);
+    ASSERT_EQ(a[3], 4);
+    ASSERT_EQ(a[4], 0);
+    a = kvp__grow(a, &cap, 100, sizeof *a, 4); /* a batch: doubled until it fits */
+    ASSERT(a != NULL);
+    ASSERT_EQ(cap, 128);
+    ASSERT_EQ(a[0], 1);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base + 128 * sizeof *a);
+    kvp__alloc_fail_after(0);
+    int *b = kvp__grow(a, &cap, 129, sizeof *a, 4);
+    kvp__alloc_fail_reset();
+    ASSERT(b == NULL);
+    ASSERT_EQ(cap, 128); /* unchanged, a still whole */
+    ASSERT_EQ(a[1], 2);
+    ASSERT(kvp__grow(a, &cap, SIZE_MAX, sizeof *a, 4) == NULL); /* overflow refused */
+    ASSERT_EQ(cap, 128);
+    kvp__free(a, cap * sizeof *a);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
+    int *c = NULL; /* in place; room for nothing is always there */
+    size_t ccap = 0;
+    ASSERT_EQ(kvp__grow_in((void **)&c, &ccap, 0, sizeof *c, 16), 0);
+    ASSERT(c == NULL);
+    ASSERT_EQ(kvp__grow_in((void **)&c, &ccap, 3, sizeof *c, 16), 0);
+    ASSERT(c != NULL);
+    ASSERT_EQ(ccap, 16);
+    kvp__free(c, ccap * sizeof *c);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
+}
+
 TEST_LIST(T(test_status_every_code_has_name_and_message), T(test_parse_size_units),
-          T(test_parse_duration), T(test_alloc_shim_counts_and_injects))
+          T(test_parse_duration), T(test_alloc_shim_counts_and_injects),
+          T(test_alloc_grow_doubles_zeroes_and_keeps_on_failure))
