@@ -2,8 +2,10 @@
 # Debian 12 machine as root: missing packages are installed first.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_URI ?= embedded://?capacity=4GiB
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all deps build asan test test-release test-asan run bench clean
+.PHONY: all deps build asan test test-release test-asan run bench install clean
 
 all: build
 
@@ -42,6 +44,11 @@ bench: build
 	sh bench/embedded.sh
 	sh bench/compare.sh
 	sh bench/soak.sh 20
+
+# libkvpool.so, include/kvpool/*.h, kvpool.pc and the kvpool command under
+# $(DESTDIR)$(PREFIX).
+install: build
+	DESTDIR='$(DESTDIR)' cmake --install build --prefix '$(PREFIX)'
 
 clean:
 	rm -rf build build-asan

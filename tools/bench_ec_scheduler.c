@@ -27,7 +27,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "ec/ec_scripted.h"
+#include "support/ec_scripted.h"
 #include "kvpool/ec_connector.h"
 
 #define NREQ 256
@@ -134,14 +134,16 @@ int kvp_bench_ec_scheduler(int argc, char **argv)
     kvp__ec_sexec_init(&exec);
     kvp__ec_sctl_init(&ctl);
     kvp__ec_sinbox_init(&inbox, 1);
+    kvp_ec_config_t cfg;
+    kvp_ec_config_init(&cfg);
+    cfg.is_consumer = true;
+    cfg.control_addr = "tcp://10.0.0.2:5500";
+    cfg.push_wait_timeout_s = 10;
+    cfg.pool_size = 1 << 30;
+    cfg.hidden_dim = 1024;
     kvp_ec_sched_params_t p;
-    memset(&p, 0, sizeof p);
-    kvp_ec_config_init(&p.config);
-    p.config.is_consumer = true;
-    p.config.control_addr = "tcp://10.0.0.2:5500";
-    p.config.push_wait_timeout_s = 10;
-    p.config.pool_size = 1 << 30;
-    p.config.hidden_dim = 1024;
+    kvp_ec_sched_params_init(&p);
+    p.config = &cfg;
     p.clock = kvp__ec_sclock_iface(&clock);
     p.control = kvp__ec_sctl_iface(&ctl);
     p.executor = kvp__ec_sexec_iface(&exec);

@@ -24,6 +24,7 @@
 #include "commands.h"
 #include "common/clock.h"
 #include "kvpool/kv_connector.h"
+#include "support/kv_scripted.h"
 
 #define BS 16
 #define RUNNING 256

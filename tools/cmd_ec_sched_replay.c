@@ -18,11 +18,10 @@
 #include "commands.h"
 #include "common/alloc.h"
 #include "common/log.h"
-#include "ec/ec_json.h"
 #include "common/strmap.h"
-#include "ec/ec_scripted.h"
-#include "ec/ec_table.h"
+#include "ec/ec_json.h"
 #include "kvpool/ec_connector.h"
+#include "support/ec_scripted.h"
 
 #define MAX_DEPTH 32
 
@@ -859,7 +858,8 @@ int kvp_cmd_ec_sched_replay(int argc, char **argv)
             }
             kvp__ec_sinbox_init(&rp.inbox, shards);
             kvp_ec_sched_params_t params = {
-                .config = cfg,
+                .size = sizeof params,
+                .config = &cfg,
                 .clock = kvp__ec_sclock_iface(&rp.clock),
                 .control = kvp__ec_sctl_iface(&rp.ctl),
                 .executor = kvp__ec_sexec_iface(&rp.exec),

@@ -28,6 +28,7 @@
 #include "common/strmap.h"
 #include "common/json.h"
 #include "kvpool/kv_connector.h"
+#include "support/kv_scripted.h"
 
 typedef kvp__json_t jnode_t;
 

@@ -70,7 +70,13 @@ KVP_API const char *kvp_ec_dtype_name(kvp_ec_dtype_t dtype);
 KVP_API kvp_status_t kvp_ec_dtype_parse(const char *name, kvp_ec_dtype_t *dtype_p);
 KVP_API int kvp_ec_dtype_itemsize(kvp_ec_dtype_t dtype);
 
+/* size: sizeof(kvp_ec_config_t) as the caller's header declares it (set by
+ * kvp_ec_config_init).  New fields are only ever appended; the library takes
+ * the defaults for the fields past an older caller's size.  A size below
+ * sizeof(uint32_t) (0 included) is KVP_ERR_INVALID_ARG, one above this
+ * library's struct (a newer caller) KVP_ERR_VERSION. */
 typedef struct kvp_ec_config {
+    uint32_t size;
     bool is_producer;
     bool is_consumer;
     bool cross_encoder_cache; /* producers record image outputs as store candidates */
@@ -92,8 +98,12 @@ typedef struct kvp_ec_config {
 } kvp_ec_config_t;
 
 /* Fills the original's defaults (consumer off, producer off, push wait 60 s,
- * control timeout 30 s, caps at their constants, tp=pp=dp=1). */
-KVP_API void kvp_ec_config_init(kvp_ec_config_t *cfg);
+ * control timeout 30 s, caps at their constants, tp=pp=dp=1) into the first
+ * `size` bytes of cfg (never past them) and sets cfg->size = size.  Call it
+ * as kvp_ec_config_init(). */
+KVP_API void kvp_ec_config_init_size(kvp_ec_config_t *cfg, size_t size);
+/* The caller's own sizeof, compiled into the caller. */
+static inline void kvp_ec_config_init(kvp_ec_config_t *cfg) { kvp_ec_config_init_size(cfg, sizeof *cfg); }
 
 /* Validates a config (§3.1, scenario 46).  On failure returns
  * KVP_ERR_BAD_CONFIG and writes a one-line reason to err (if errlen > 0):
@@ -101,7 +111,8 @@ KVP_API void kvp_ec_config_init(kvp_ec_config_t *cfg);
  * 1..65535; control_timeout_ms < 1; push_wait_timeout_s < 0; pool_size < 1;
  * hidden_dim < 1 for a producer; no control address; unknown dtype.
  * If control_addr is NULL and the rest is valid, the derived address is
- * written to addr_buf (may be NULL when control_addr is set). */
+ * written to addr_buf (may be NULL when control_addr is set).  A bad
+ * cfg->size: KVP_ERR_INVALID_ARG or KVP_ERR_VERSION (see kvp_ec_config_t). */
 KVP_API kvp_status_t kvp_ec_config_validate(const kvp_ec_config_t *cfg, char *addr_buf,
                                             size_t addr_len, char *err, size_t errlen);
 
@@ -293,7 +304,7 @@ typedef struct kvp_ec_strlist {
 KVP_API void kvp_ec_strlist_cleanup(kvp_ec_strlist_t *l);
 
 /* ------------------------------------------------------------------------ */
-/* Collaborators (interfaces; ZeroMQ implementations and scripted ones plug  */
+/* Collaborators (interfaces: the ZeroMQ implementations and any other plug */
 /* in).  Each is a table of functions plus an opaque ctx.                    */
 /* ------------------------------------------------------------------------ */
 
@@ -390,16 +401,29 @@ KVP_API const char *kvp_ec_error_name(kvp_ec_error_t err);
 
 typedef struct kvp_ec_sched kvp_ec_sched_t;
 
+/* What a scheduler is made of.  Initialise with kvp_ec_sched_params_init()
+ * (zeroes it and sets size) and fill it in.  size: as for kvp_ec_config_t
+ * (the fields past an older caller's size are zero).  The config is a
+ * pointer so that both structs can grow on their own. */
 typedef struct kvp_ec_sched_params {
-    kvp_ec_config_t config;
+    uint32_t size;
+    const kvp_ec_config_t *config; /* required; read during create only */
     kvp_ec_clock_t clock;       /* required */
     kvp_ec_control_t control;   /* close() is called by kvp_ec_sched_close */
     kvp_ec_executor_t executor; /* required */
     kvp_ec_inbox_t inbox;       /* required (shard_count 0 = no inbox) */
 } kvp_ec_sched_params_t;
 
+static inline void kvp_ec_sched_params_init(kvp_ec_sched_params_t *params)
+{
+    kvp_ec_sched_params_t zero = {0};
+    *params = zero;
+    params->size = sizeof *params;
+}
+
 /* Validates the config and creates a scheduler.  KVP_ERR_BAD_CONFIG (reason
- * logged), KVP_ERR_INVALID_ARG (a collaborator missing), KVP_ERR_NO_MEMORY. */
+ * logged), KVP_ERR_INVALID_ARG (the config or a collaborator missing, or a
+ * bad size), KVP_ERR_VERSION (a size from a newer header), KVP_ERR_NO_MEMORY. */
 KVP_API kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sched_t **sched_p);
 /* Frees everything.  Does not call close (call kvp_ec_sched_close first to
  * shut the collaborators down).  NULL is a no-op. */

@@ -6,7 +6,7 @@
  * and which save newly computed blocks to it.  It sees the engine only through
  * plain C views (kvp_kv_request_t, kvp_kv_sched_output_t) and talks to the
  * lookup service through an interface (kvp_kv_lookup_client_t) so that the
- * ZeroMQ client, an in-process pool lookup and a scripted client for tests all
+ * ZeroMQ client, an in-process pool lookup and any other implementation all
  * plug in.
  *
  * Fidelity.  By default every decision is exactly the original's, its three
@@ -74,8 +74,10 @@ typedef struct kvp_kv_cache_group {
     bool mamba_align_mode;   /* Mamba only: mamba_cache_mode == "align" */
 } kvp_kv_cache_group_t;
 
-/* Inputs of resolve_kv_cache_block_sizes besides the groups. */
+/* Inputs of resolve_kv_cache_block_sizes besides the groups.  size: set to
+ * sizeof(kvp_kv_block_params_t) (see kvp_kv_config_t). */
 typedef struct kvp_kv_block_params {
+    uint32_t size;
     int64_t cache_block_size;   /* cache_config.block_size (> 0) */
     int64_t hash_block_size;    /* cache_config.hash_block_size; 0 = not set */
     int64_t dcp_size, pcp_size; /* decode/prefill context parallel sizes (>= 1) */
@@ -100,15 +102,22 @@ typedef struct kvp_kv_block_sizes {
  *     then every group size must be divisible by hash.
  *   - partial_hits: some Mamba group in align mode with block_size > hash.
  * [in] groups: n entries (may be NULL when n == 0). [out] out_p.
- * Returns KVP_OK, KVP_ERR_NULL_POINTER, KVP_ERR_BAD_CONFIG (logged).
+ * Returns KVP_OK, KVP_ERR_NULL_POINTER, KVP_ERR_BAD_CONFIG (logged),
+ * KVP_ERR_INVALID_ARG / KVP_ERR_VERSION (params->size, as for the config).
  */
 KVP_API kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size_t n,
                                                 const kvp_kv_block_params_t *params,
                                                 kvp_kv_block_sizes_t *out_p);
 
 /* Scheduler configuration.  Initialise with kvp_kv_config_init() (defaults of
- * §2.1) and set what differs; new fields will only ever be appended. */
+ * §2.1, and size) and set what differs.
+ * size: sizeof(kvp_kv_config_t) as the caller's header declares it.  New
+ * fields are only ever appended; the library takes the defaults for the
+ * fields past an older caller's size.  A size below sizeof(uint32_t) (0
+ * included) is KVP_ERR_INVALID_ARG, one above this library's struct (a newer
+ * caller) KVP_ERR_VERSION, from every call that takes the config. */
 typedef struct kvp_kv_config {
+    uint32_t size;             /* set by kvp_kv_config_init */
     kvp_kv_role_t kv_role;     /* default KVP_KV_ROLE_BOTH */
     bool load_async;           /* default true: 2nd return of get_num_new_matched_tokens */
     bool lookup_async;         /* default false: lookups are non-blocking */
@@ -132,8 +141,13 @@ typedef struct kvp_kv_config {
     bool fix_k12_save_without_new_blocks;
 } kvp_kv_config_t;
 
-KVP_API void kvp_kv_config_init(kvp_kv_config_t *cfg);
-/* Checks a config: KVP_OK or KVP_ERR_BAD_CONFIG (logged). */
+/* Fills the defaults into the first `size` bytes of cfg (which it never
+ * writes past) and sets cfg->size = size.  Call it as kvp_kv_config_init(). */
+KVP_API void kvp_kv_config_init_size(kvp_kv_config_t *cfg, size_t size);
+/* The caller's own sizeof, compiled into the caller. */
+static inline void kvp_kv_config_init(kvp_kv_config_t *cfg) { kvp_kv_config_init_size(cfg, sizeof *cfg); }
+/* Checks a config: KVP_OK, KVP_ERR_NULL_POINTER, KVP_ERR_BAD_CONFIG (logged),
+ * KVP_ERR_INVALID_ARG / KVP_ERR_VERSION (size). */
 KVP_API kvp_status_t kvp_kv_config_validate(const kvp_kv_config_t *cfg);
 
 /* ------------------------------------------------------------------------- */
@@ -304,8 +318,8 @@ KVP_API bool kvp_kv_meta_equal(const kvp_kv_meta_t *a, const kvp_kv_meta_t *b);
 
 /*
  * What the scheduler needs from LookupKeyClient.  Implementations: the
- * ZeroMQ client (next issue), an in-process pool lookup, the scripted one
- * below.  The scheduler does not own the client.
+ * ZeroMQ client (next issue) and an in-process pool lookup.  The scheduler
+ * does not own the client.
  *
  * lookup: hit length in tokens for the request's prefix.  KVP_OK with *hit_p
  *   set; KVP_INPROGRESS when non_block is set and the answer is not there yet
@@ -326,38 +340,6 @@ typedef struct kvp_kv_lookup_client {
     const kvp_kv_lookup_ops_t *ops;
     void *ctx;
 } kvp_kv_lookup_client_t;
-
-/* A scripted client (tests and the replay tool): it answers what it is told
- * and records what it is asked. */
-typedef struct kvp_kv_scripted kvp_kv_scripted_t;
-
-typedef enum kvp_kv_reset_reply {
-    KVP_KV_RESET_ACK = 0,
-    KVP_KV_RESET_NACK = 1,
-    KVP_KV_RESET_ERROR = 2,
-} kvp_kv_reset_reply_t;
-
-typedef struct kvp_kv_lookup_call {
-    int64_t num_tokens;
-    size_t num_block_hashes;
-    bool non_block;
-} kvp_kv_lookup_call_t;
-
-KVP_API kvp_status_t kvp_kv_scripted_create(kvp_kv_scripted_t **sc_p);
-KVP_API void kvp_kv_scripted_destroy(kvp_kv_scripted_t *sc);
-/* The client view of it (valid while sc lives). */
-KVP_API kvp_kv_lookup_client_t kvp_kv_scripted_client(kvp_kv_scripted_t *sc);
-/* What lookup() answers from now on: a hit, or "not yet" when pending. */
-KVP_API void kvp_kv_scripted_set_lookup(kvp_kv_scripted_t *sc, int64_t hit, bool pending);
-/* Make lookup() fail (error status) from now on until set_lookup. */
-KVP_API void kvp_kv_scripted_set_lookup_error(kvp_kv_scripted_t *sc);
-KVP_API void kvp_kv_scripted_set_reset(kvp_kv_scripted_t *sc, kvp_kv_reset_reply_t reply);
-/* Calls recorded since the last clear. The pointers stay valid until the next
- * clear or destroy. */
-KVP_API size_t kvp_kv_scripted_lookups(const kvp_kv_scripted_t *sc, const kvp_kv_lookup_call_t **calls_p);
-KVP_API size_t kvp_kv_scripted_discards(const kvp_kv_scripted_t *sc, const char *const **ids_p);
-KVP_API size_t kvp_kv_scripted_resets(const kvp_kv_scripted_t *sc);
-KVP_API void kvp_kv_scripted_clear(kvp_kv_scripted_t *sc);
 
 /* ------------------------------------------------------------------------- */
 /* The scheduler                                                             */

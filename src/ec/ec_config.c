@@ -1,10 +1,13 @@
 /* EC connector configuration: defaults and the validation of §3.1. */
+#include "ec/ec_config.h"
+
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "kvpool/ec_connector.h"
+#include "common/log.h"
+#include "common/sized.h"
 
 static const struct {
     const char *name;
@@ -33,15 +36,39 @@ kvp_status_t kvp_ec_dtype_parse(const char *name, kvp_ec_dtype_t *dtype_p)
     return KVP_ERR_BAD_CONFIG;
 }
 
-void kvp_ec_config_init(kvp_ec_config_t *cfg)
+void kvp_ec_config_init_size(kvp_ec_config_t *cfg, size_t size)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->tp_size = cfg->pp_size = cfg->dp_size = 1;
-    cfg->push_wait_timeout_s = 60;
-    cfg->control_timeout_ms = 30000;
-    cfg->dtype = KVP_EC_DTYPE_BFLOAT16;
-    cfg->max_pending_events = -1;
-    cfg->max_terminal_records = -1;
+    if (!cfg || size < sizeof cfg->size)
+        return;
+    kvp_ec_config_t d = {0};
+    d.tp_size = d.pp_size = d.dp_size = 1;
+    d.push_wait_timeout_s = 60;
+    d.control_timeout_ms = 30000;
+    d.dtype = KVP_EC_DTYPE_BFLOAT16;
+    d.max_pending_events = -1;
+    d.max_terminal_records = -1;
+    /* a newer caller (size > sizeof d): its extra fields untouched, and the
+     * size kept, so that every call refuses the config (KVP_ERR_VERSION) */
+    memcpy(cfg, &d, size < sizeof d ? size : sizeof d);
+    cfg->size = (uint32_t)size;
+}
+
+kvp_status_t kvp__ec_config_adopt(const kvp_ec_config_t *in, kvp_ec_config_t *out)
+{
+    kvp_ec_config_init(out);
+    return kvp__sized_adopt(out, sizeof *out, in);
+}
+
+kvp_status_t kvp__ec_sched_params_adopt(const kvp_ec_sched_params_t *in, kvp_ec_sched_params_t *out)
+{
+    if (!in)
+        return KVP_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out); /* the defaults: every field past an older caller's size is zero */
+    kvp_status_t st = kvp__sized_adopt(out, sizeof *out, in);
+    if (st != KVP_OK)
+        kvp_error("EC scheduler params: size %u (this library's struct has %zu bytes)", (unsigned)in->size,
+                  sizeof *out);
+    return st;
 }
 
 static kvp_status_t bad(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -56,13 +83,20 @@ static kvp_status_t bad(char *err, size_t errlen, const char *fmt, ...)
     return KVP_ERR_BAD_CONFIG;
 }
 
-kvp_status_t kvp_ec_config_validate(const kvp_ec_config_t *c, char *addr_buf, size_t addr_len, char *err,
+kvp_status_t kvp_ec_config_validate(const kvp_ec_config_t *in, char *addr_buf, size_t addr_len, char *err,
                                     size_t errlen)
 {
     if (err && errlen)
         err[0] = 0;
-    if (!c)
+    if (!in)
         return bad(err, errlen, "no config");
+    kvp_ec_config_t adopted;
+    kvp_status_t st = kvp__ec_config_adopt(in, &adopted);
+    if (st != KVP_OK) {
+        bad(err, errlen, "config size %u (this library's struct has %zu bytes)", (unsigned)in->size, sizeof adopted);
+        return st;
+    }
+    const kvp_ec_config_t *c = &adopted;
     int64_t tp = c->tp_size ? c->tp_size : 1, pp = c->pp_size ? c->pp_size : 1, dp = c->dp_size ? c->dp_size : 1;
     if (tp < 1 || pp < 1 || dp < 1)
         return bad(err, errlen, "tp_size, pp_size and dp_size must be >= 1");

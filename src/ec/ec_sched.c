@@ -11,6 +11,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "ec/ec_config.h"
 #include "ec/ec_json.h"
 #include "ec/ec_ready.h"
 #include "ec/ec_sched_int.h"
@@ -18,14 +19,19 @@
 
 /* ---- creation -------------------------------------------------------------- */
 
-kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *p, kvp_ec_sched_t **sched_p)
+kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *params, kvp_ec_sched_t **sched_p)
 {
     *sched_p = NULL;
-    if (!p || !p->clock.now_ms || !p->executor.submit_cancel || !p->executor.shutdown || !p->inbox.shard_count ||
-        !p->inbox.drain)
+    kvp_ec_sched_params_t pc; /* the caller's params, whatever header it was built with */
+    kvp_status_t st = kvp__ec_sched_params_adopt(params, &pc);
+    if (st != KVP_OK)
+        return st;
+    const kvp_ec_sched_params_t *p = &pc;
+    if (!p->config || !p->clock.now_ms || !p->executor.submit_cancel || !p->executor.shutdown ||
+        !p->inbox.shard_count || !p->inbox.drain)
         return KVP_ERR_INVALID_ARG;
     char addr[512], err[256];
-    kvp_status_t st = kvp_ec_config_validate(&p->config, addr, sizeof addr, err, sizeof err);
+    st = kvp_ec_config_validate(p->config, addr, sizeof addr, err, sizeof err);
     if (st != KVP_OK) {
         kvp_error("EC scheduler config: %s", err);
         return st;
@@ -33,22 +39,22 @@ kvp_status_t kvp_ec_sched_create(const kvp_ec_sched_params_t *p, kvp_ec_sched_t 
     kvp_ec_sched_t *s = kvp__calloc(1, sizeof *s);
     if (!s)
         return KVP_ERR_NO_MEMORY;
-    s->cfg = p->config;
-    s->control_addr = kvp__strdup(p->config.control_addr ? p->config.control_addr : addr);
+    kvp__ec_config_adopt(p->config, &s->cfg); /* cannot fail: validate adopted it */
+    s->control_addr = kvp__strdup(s->cfg.control_addr ? s->cfg.control_addr : addr);
     if (!s->control_addr) {
         kvp__free(s, sizeof *s);
         return KVP_ERR_NO_MEMORY;
     }
     s->cfg.control_addr = s->control_addr;
     s->cfg.ec_ip = NULL;
-    s->itemsize = kvp_ec_dtype_itemsize(p->config.dtype);
+    s->itemsize = kvp_ec_dtype_itemsize(s->cfg.dtype);
     s->clock = p->clock;
     s->control = p->control;
     s->executor = p->executor;
     s->inbox = p->inbox;
-    s->max_pending_events = p->config.max_pending_events < 0 ? KVP_EC_MAX_PENDING_EVENTS : p->config.max_pending_events;
-    s->max_terminal = p->config.max_terminal_records < 0 ? KVP_EC_MAX_TERMINAL_RECORDS : p->config.max_terminal_records;
-    kvp__ec_table_init(&s->table, p->config.pool_size, KVP_EC_RESERVATION_TTL_MS);
+    s->max_pending_events = s->cfg.max_pending_events < 0 ? KVP_EC_MAX_PENDING_EVENTS : s->cfg.max_pending_events;
+    s->max_terminal = s->cfg.max_terminal_records < 0 ? KVP_EC_MAX_TERMINAL_RECORDS : s->cfg.max_terminal_records;
+    kvp__ec_table_init(&s->table, s->cfg.pool_size, KVP_EC_RESERVATION_TTL_MS);
     kvp__ec_ready_init(&s->ready);
     kvp__strmap_init(&s->local_cache);
     kvp__strmap_init(&s->failed_saves);
@@ -752,21 +758,8 @@ void kvp_ec_sched_close(kvp_ec_sched_t *s)
         s->inbox.close(s->inbox.ctx);
 }
 
-/* ---- observability ------------------------------------------------------------------ */
-
-void kvp_ec_sched_table_visit(const kvp_ec_sched_t *s, int (*cb)(void *ctx, const kvp_ec_record_view_t *rec),
-                              void *ctx)
-{
-    KVP_LIST_FOR_EACH_ENTRY(r, &s->table.order, const kvp__ec_rec_t, order) {
-        kvp_ec_record_view_t v = {r->tid, r->hash, r->req, r->state, r->has_deadline, r->deadline};
-        if (cb(ctx, &v))
-            return;
-    }
-}
-
-uint64_t kvp_ec_sched_table_version(const kvp_ec_sched_t *s) { return s->table.version; }
-size_t kvp_ec_sched_table_size(const kvp_ec_sched_t *s) { return s->table.records.n; }
-int64_t kvp_ec_sched_resident_bytes(const kvp_ec_sched_t *s) { return (int64_t)s->table.resident_bytes; }
+/* ---- internal access (the observability calls are in ec_snapshot.c) ---------------- */
 
 kvp__ec_table_t *kvp__ec_sched_table(kvp_ec_sched_t *s) { return &s->table; }
+const kvp__ec_table_t *kvp__ec_sched_table_view(const kvp_ec_sched_t *s) { return &s->table; }
 size_t kvp__ec_sched_ready_size(const kvp_ec_sched_t *s) { return kvp__ec_ready_size(&s->ready); }

@@ -66,6 +66,7 @@ kvp_status_t kvp__ec_sched_queue_cancel(kvp_ec_sched_t *s, const char *tid, cons
 
 
 kvp__ec_table_t *kvp__ec_sched_table(kvp_ec_sched_t *s);
+const kvp__ec_table_t *kvp__ec_sched_table_view(const kvp_ec_sched_t *s);
 size_t kvp__ec_sched_ready_size(const kvp_ec_sched_t *s);
 
 #endif

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/assert.h"
 
 static const uint16_t g_allowed[KVP_EC_NUM_STATES] = {
     [KVP_EC_WAITING_EVENT] = KVP__EC_S(KVP_EC_AVAILABLE) | KVP__EC_S(KVP_EC_UNAVAILABLE) | KVP__EC_S(KVP_EC_CANCELLED),
@@ -177,6 +178,9 @@ static kvp__ec_rec_t *state_first(const kvp__ec_table_t *t, kvp_ec_state_t st)
 
 static void account(kvp__ec_table_t *t, kvp__ec_rec_t *r, int sign)
 {
+    /* a record leaves only the counts it is in */
+    kvp__assert(sign > 0 || !r->hent || r->hent->count[r->state] > 0);
+    kvp__assert(sign > 0 || !kvp__ec_state_terminal(r->state) || t->n_terminal > 0);
     state_list(t, r, sign);
     if (r->hent)
         r->hent->count[r->state] += (uint32_t)sign;
@@ -268,6 +272,7 @@ kvp_status_t kvp__ec_table_set_state(kvp__ec_table_t *t, kvp__ec_rec_t *r, kvp_e
 {
     if (!kvp__ec_transition_allowed(r->state, to))
         return KVP_ERR_STATE;
+    kvp__assert((unsigned)r->state < KVP_EC_NUM_STATES && (unsigned)to < KVP_EC_NUM_STATES);
     account(t, r, -1);
     if (kvp__ec_state_terminal(to)) {
         r->has_deadline = true;

@@ -4,10 +4,12 @@
  * KV-cache groups (§2.2, vLLM's resolve_kv_cache_block_sizes and
  * partial_hash_hits_enabled).
  */
+#include "kv/kv_config.h"
+
 #include <string.h>
 
 #include "common/log.h"
-#include "kvpool/kv_connector.h"
+#include "common/sized.h"
 
 static const char *const g_roles[] = {"kv_producer", "kv_consumer", "kv_both"};
 
@@ -29,24 +31,45 @@ const char *kvp_kv_role_name(kvp_kv_role_t role)
     return (unsigned)role < 3 ? g_roles[role] : "unknown";
 }
 
-void kvp_kv_config_init(kvp_kv_config_t *cfg)
+void kvp_kv_config_init_size(kvp_kv_config_t *cfg, size_t size)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->kv_role = KVP_KV_ROLE_BOTH;
-    cfg->load_async = true;
-    cfg->lookup_async = false;
-    cfg->enable_lookup = true;
-    cfg->block_size = 16;
-    cfg->hash_block_size = 16;
-    cfg->partial_hits = false;
-    cfg->tp_size = cfg->pp_size = cfg->pcp_size = cfg->dcp_size = 1;
-    cfg->num_kv_heads = 1;
+    if (!cfg || size < sizeof cfg->size)
+        return;
+    kvp_kv_config_t d = {0};
+    d.kv_role = KVP_KV_ROLE_BOTH;
+    d.load_async = true;
+    d.lookup_async = false;
+    d.enable_lookup = true;
+    d.block_size = 16;
+    d.hash_block_size = 16;
+    d.partial_hits = false;
+    d.tp_size = d.pp_size = d.pcp_size = d.dcp_size = 1;
+    d.num_kv_heads = 1;
+    /* a newer caller (size > sizeof d): its extra fields untouched, and the
+     * size kept, so that every call refuses the config (KVP_ERR_VERSION) */
+    memcpy(cfg, &d, size < sizeof d ? size : sizeof d);
+    cfg->size = (uint32_t)size;
 }
 
-kvp_status_t kvp_kv_config_validate(const kvp_kv_config_t *cfg)
+kvp_status_t kvp__kv_config_adopt(const kvp_kv_config_t *in, kvp_kv_config_t *out)
 {
-    if (!cfg)
+    if (!in || !out)
         return KVP_ERR_NULL_POINTER;
+    kvp_kv_config_init(out);
+    kvp_status_t st = kvp__sized_adopt(out, sizeof *out, in);
+    if (st != KVP_OK)
+        kvp_error("kv connector: config size %u (this library's struct has %zu bytes)", (unsigned)in->size,
+                  sizeof *out);
+    return st;
+}
+
+kvp_status_t kvp_kv_config_validate(const kvp_kv_config_t *in)
+{
+    kvp_kv_config_t c;
+    kvp_status_t st = kvp__kv_config_adopt(in, &c);
+    if (st != KVP_OK)
+        return st;
+    const kvp_kv_config_t *cfg = &c;
     if ((unsigned)cfg->kv_role > KVP_KV_ROLE_BOTH) {
         kvp_error("kv connector: bad kv_role %d", (int)cfg->kv_role);
         return KVP_ERR_BAD_CONFIG;
@@ -81,11 +104,21 @@ static int64_t gcd64(int64_t a, int64_t b)
 }
 
 kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *groups, size_t n,
-                                        const kvp_kv_block_params_t *p,
+                                        const kvp_kv_block_params_t *params,
                                         kvp_kv_block_sizes_t *out_p)
 {
-    if (!p || !out_p || (n && !groups))
+    if (!params || !out_p || (n && !groups))
         return KVP_ERR_NULL_POINTER;
+    kvp_kv_block_params_t pc = {0}; /* the defaults of the fields past an older caller's size */
+    pc.dcp_size = pc.pcp_size = 1;
+    pc.kv_connector = true;
+    kvp_status_t st = kvp__sized_adopt(&pc, sizeof pc, params);
+    if (st != KVP_OK) {
+        kvp_error("kv connector: block params size %u (this library's struct has %zu bytes)",
+                  (unsigned)params->size, sizeof pc);
+        return st;
+    }
+    const kvp_kv_block_params_t *p = &pc;
     if (p->cache_block_size < 1 || p->dcp_size < 1 || p->pcp_size < 1 || p->hash_block_size < 0) {
         kvp_error("kv connector: bad block parameters");
         return KVP_ERR_BAD_CONFIG;

@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "kv/kv_config.h"
 #include "kv/kv_sched_int.h"
 
 /* ---- errors ------------------------------------------------------------- */
@@ -181,9 +182,13 @@ kvp_status_t kvp_kv_sched_create(const kvp_kv_config_t *cfg, kvp_kv_lookup_clien
         !client.ops->reset)
         return KVP_ERR_NULL_POINTER;
     *sched_p = NULL;
-    kvp_status_t st = kvp_kv_config_validate(cfg);
+    kvp_kv_config_t c; /* the caller's config, whatever header it was built with */
+    kvp_status_t st = kvp__kv_config_adopt(cfg, &c);
+    if (st == KVP_OK)
+        st = kvp_kv_config_validate(&c);
     if (st != KVP_OK)
         return st;
+    cfg = &c;
     kvp_kv_sched_t *s = kvp__calloc(1, sizeof *s);
     if (!s)
         return KVP_ERR_NO_MEMORY;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/assert.h"
 #include "common/clock.h"
 #include "store/store_int.h"
 
@@ -76,13 +77,17 @@ void kvp__do_unlink(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
     kvp__obj_t **pp = &sh->buckets[h & (sh->nbuckets - 1)];
     while (*pp && *pp != o)
         pp = &(*pp)->hnext;
+    kvp__assert(*pp == o); /* an indexed object is in its own bucket */
     if (*pp)
         *pp = o->hnext;
     o->hnext = NULL;
-    if (o->flags & KVP_OBJ_PINNED)
+    if (o->flags & KVP_OBJ_PINNED) {
+        kvp__assert(sh->pinned > 0);
         sh->pinned--;
-    else
+    } else {
         kvp__do_lru_remove(sh, o);
+    }
+    kvp__assert(sh->count > 0 && sh->live_bytes >= o->size);
     sh->count--;
     sh->live_bytes -= o->size;
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "store/store_int.h"
@@ -132,7 +133,9 @@ static void arena_free(kvp__store_t *s, uint64_t off)
 
 void kvp__obj_unref(kvp__store_t *s, kvp__obj_t *o)
 {
-    if (atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel) == 1) {
+    unsigned long long prev = (unsigned long long)atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel);
+    kvp__assert(prev >= 1); /* no unref without its ref */
+    if (prev == 1) {
         arena_free(s, o->off);
         kvp__obj_free(s, o);
     }
@@ -173,6 +176,7 @@ static void resv_unlink(kvp__store_t *s, kvp__resv_t *r)
 {
     if (!kvp__list_linked(&r->link))
         return;
+    kvp__assert(s->resv_count > 0);
     kvp__list_del(&r->link);
     s->resv_count--;
     kvp__resv_t *oldest = KVP_LIST_FIRST_ENTRY(&s->resv, kvp__resv_t, link);

@@ -4,7 +4,7 @@
 #include "test.h"
 
 #include "common/alloc.h"
-#include "ec/ec_scripted.h"
+#include "support/ec_scripted.h"
 #include "ec/ec_sched_int.h"
 #include "kvpool/ec_connector.h"
 
@@ -22,16 +22,18 @@ static void fx_init(fx_t *f, bool prod, bool cons, size_t shards, int64_t pool)
     kvp__ec_sexec_init(&f->exec);
     kvp__ec_sctl_init(&f->ctl);
     kvp__ec_sinbox_init(&f->inbox, shards);
+    kvp_ec_config_t c;
+    kvp_ec_config_init(&c);
+    c.is_producer = prod;
+    c.is_consumer = cons;
+    c.control_addr = "tcp://10.0.0.2:5500";
+    c.push_wait_timeout_s = 10;
+    c.pool_size = pool;
+    c.hidden_dim = 8;
+    c.dtype = KVP_EC_DTYPE_BFLOAT16;
     kvp_ec_sched_params_t p;
-    memset(&p, 0, sizeof p);
-    kvp_ec_config_init(&p.config);
-    p.config.is_producer = prod;
-    p.config.is_consumer = cons;
-    p.config.control_addr = "tcp://10.0.0.2:5500";
-    p.config.push_wait_timeout_s = 10;
-    p.config.pool_size = pool;
-    p.config.hidden_dim = 8;
-    p.config.dtype = KVP_EC_DTYPE_BFLOAT16;
+    kvp_ec_sched_params_init(&p);
+    p.config = &c;
     p.clock = kvp__ec_sclock_iface(&f->clock);
     p.control = kvp__ec_sctl_iface(&f->ctl);
     p.executor = kvp__ec_sexec_iface(&f->exec);

@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 #include "kvpool/kv_connector.h"
+#include "support/kv_scripted.h"
 #include "test.h"
 
 #define BS 16

@@ -17,7 +17,8 @@
  */
 #include "kv_lookup_contract.h"
 
-#include "kvpool/kv_connector.h" /* kvp_kv_scripted_* (for now) */
+#include "kvpool/kv_connector.h"
+#include "support/kv_scripted.h"
 
 typedef struct sc_fixture {
     kvp_kv_scripted_t *sc;

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "kvpool/kv_connector.h"
 #include "golden.h"
+#include "support/kv_scripted.h"
 #include "test.h"
 
 static const int64_t g_ids0[] = {12, 40, 41};

@@ -1,11 +1,9 @@
-/*
- * A scripted lookup client (tests, `kvpool kv-sched-replay`): lookup() answers
- * what it was told, every call is recorded.
- */
+/* The scripted KV lookup client (see kv_scripted.h). */
+#include "support/kv_scripted.h"
+
 #include <string.h>
 
 #include "common/alloc.h"
-#include "kvpool/kv_connector.h"
 
 struct kvp_kv_scripted {
     int64_t hit;

@@ -1,4 +1,4 @@
-#include "ec/ec_scripted.h"
+#include "support/ec_scripted.h"
 
 #include <string.h>
 

@@ -2,10 +2,11 @@
  * Scripted collaborators: a clock set by hand, an executor whose jobs run
  * only when told to, a control client that answers from a script and logs
  * its calls, and an inbox fed by hand.  The replay and the tests plug these
- * in where production plugs in the real clock, a thread pool, ZeroMQ.
+ * in where production plugs in the real clock, a thread pool, ZeroMQ.  Test
+ * support: not part of libkvpool or its headers; link kvp_testkit.
  */
-#ifndef KVP_EC_SCRIPTED_H
-#define KVP_EC_SCRIPTED_H
+#ifndef KVP_TESTKIT_EC_SCRIPTED_H
+#define KVP_TESTKIT_EC_SCRIPTED_H
 
 #include "kvpool/ec_connector.h"
 
