@@ -17,9 +17,9 @@
 
 #include "commands.h"
 #include "common/alloc.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/strmap.h"
-#include "ec/ec_json.h"
 #include "kvpool/ec_connector.h"
 #include "support/ec_scripted.h"
 
@@ -397,7 +397,7 @@ static err_t op_run_job(replay_t *rp, const kvp_ec_value_t *ev, kvp__jw_t *out)
         } else if (get_bool(r, "ok", &ok) && ok) {
             const kvp_ec_value_t *res = field(r, "result");
             rv[i].kind = KVP__EC_REPLY_OK;
-            rv[i].cancelled = res->type == KVP_EC_V_OBJECT && kvp__ec_py_truthy(field(res, "cancelled"));
+            rv[i].cancelled = res->type == KVP_EC_V_OBJECT && kvp_ec_value_truthy(field(res, "cancelled"));
         } else {
             rv[i].kind = KVP__EC_REPLY_ERROR;
         }

@@ -199,6 +199,10 @@ KVP_API kvp_status_t kvp_ec_json_parse(const char *buf, size_t len, int max_dept
 KVP_API void kvp_ec_value_free(kvp_ec_value_t *value);
 /* The member named key of an object, or NULL. */
 KVP_API const kvp_ec_value_t *kvp_ec_value_get(const kvp_ec_value_t *obj, const char *key);
+/* Python's bool(value): false for NULL (a missing member), None, False, 0
+ * and empty strings, arrays and objects (how the connector reads flags such
+ * as "ready" and "cancelled"). */
+KVP_API bool kvp_ec_value_truthy(const kvp_ec_value_t *value);
 
 /* Worker metadata (ECMooncakeWorkerMetadata) as the scheduler sees it.
  * Filled by kvp_ec_worker_meta_decode (owned, kvp_ec_worker_meta_cleanup) or

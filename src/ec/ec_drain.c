@@ -194,7 +194,7 @@ kvp_status_t kvp__ec_sched_drain(kvp_ec_sched_t *s)
         kvp_ec_error_t e;
         if (!data || data->type != KVP_EC_V_OBJECT)
             e = KVP_EC_ERR_TYPE;
-        else if (!kvp__ec_py_truthy(kvp_ec_value_get(data, "ready")))
+        else if (!kvp_ec_value_truthy(kvp_ec_value_get(data, "ready")))
             continue;
         else
             e = accept_ready_event(s, data, now);

@@ -262,7 +262,7 @@ const kvp_ec_value_t *kvp_ec_value_get(const kvp_ec_value_t *obj, const char *ke
 
 /* ---- Python conversions ------------------------------------------------ */
 
-bool kvp__ec_py_truthy(const kvp_ec_value_t *v)
+bool kvp_ec_value_truthy(const kvp_ec_value_t *v)
 {
     if (!v)
         return false;

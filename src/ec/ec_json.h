@@ -9,8 +9,6 @@
 #include "common/json.h"
 #include "kvpool/ec_connector.h"
 
-/* Python truthiness; NULL (a missing key) is falsy. */
-bool kvp__ec_py_truthy(const kvp_ec_value_t *v);
 /* Python str(v) as a new owned string (kvp__strfree).  KVP_ERR_NO_MEMORY. */
 kvp_status_t kvp__ec_py_str(const kvp_ec_value_t *v, char **out_p);
 /* Python int(v): KVP_EC_ERR_NONE, KVP_EC_ERR_TYPE (null, list, object) or

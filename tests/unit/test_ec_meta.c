@@ -258,9 +258,9 @@ TEST(test_ec_json_python_conversions)
     const char *in = "[true,0,\"\",[],{},null,\" 12 \",\"1_000\",\"x\",\"1__0\",[1,\"a\",null],{\"k\":\"it's\"}]";
     ASSERT_OK(kvp_ec_json_parse(in, strlen(in), 32, &v));
     kvp_ec_value_t *a = v->u.arr.items;
-    ASSERT(kvp__ec_py_truthy(&a[0]));
+    ASSERT(kvp_ec_value_truthy(&a[0]));
     for (int i = 1; i <= 5; i++)
-        ASSERT(!kvp__ec_py_truthy(&a[i]));
+        ASSERT(!kvp_ec_value_truthy(&a[i]));
     int64_t x;
     ASSERT_EQ(kvp__ec_py_int(&a[6], &x), KVP_EC_ERR_NONE);
     ASSERT_EQ(x, 12);
