@@ -37,10 +37,8 @@ allowed() { # layer -> the layers it may include (itself first)
 KNOWN="kvpool common store net cluster server client kv ec engine tools python support"
 
 # Known violations being removed elsewhere (FILE:HEADER), reported but not
-# failed: ec-sched-replay still takes the Python conversions (str(v),
-# truthiness) from ec/ec_json.h; they belong behind ec_connector.h or in the
-# tool.  Empty this list when that lands; a listed include that is gone is
-# reported too, so it cannot go stale.
+# failed (none today).  A listed include that is gone is reported too, so
+# the list cannot go stale.
 PENDING=""
 
 check_tree() { # root
