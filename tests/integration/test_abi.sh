@@ -18,13 +18,7 @@ SAN=
 [ -n "${KVP_SANITIZE:-}" ] && SAN="-fsanitize=address,undefined" # the .so leaves the runtime to the program
 T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-abi.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-check() { # name, command...
-    name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); echo "ok   $name"; else fail=$((fail + 1)); echo "FAIL $name"; fi
-}
+. "${KVP_SOURCE_DIR:-.}/tests/integration/checks.sh"
 
 # The functions declared KVP_API: the headers through the preprocessor with
 # KVP_API as a marker (comments and macros gone), each declaration on one
@@ -106,5 +100,4 @@ install_pkg_config() {
 check exports_match_headers exports_match_headers
 check self_contained_link self_contained_link
 check install_pkg_config install_pkg_config
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+checks_end

@@ -17,13 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-pass=0
-fail=0
-check() { # name, command...
-    name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); echo "ok   $name"; else fail=$((fail + 1)); echo "FAIL $name"; fi
-}
+. "${KVP_SOURCE_DIR:-.}/tests/integration/checks.sh"
 
 # row_ok SYSTEM TRANSPORT OP SIZE_BYTES COUNT CLIENTS [extra args]
 row_ok() {
@@ -105,5 +99,4 @@ else
     echo "skip redis rows (redis-server is not installed)"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+checks_end

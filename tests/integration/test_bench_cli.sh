@@ -4,13 +4,7 @@
 # bad arguments exit non-zero with a message.
 set -u
 KVP=${KVP_BIN:-build/kvpool}
-pass=0
-fail=0
-check() { # name, command...
-    name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); echo "ok   $name"; else fail=$((fail + 1)); echo "FAIL $name"; fi
-}
+. "${KVP_SOURCE_DIR:-.}/tests/integration/checks.sh"
 json_ok() { # op size count threads
     out=$("$KVP" bench --uri 'embedded://?capacity=64MiB' --op "$1" --size "$2" --count "$3" --threads "$4" --json) || return 1
     printf '%s\n' "$out" | /usr/bin/python3 -c '
@@ -41,5 +35,4 @@ check bench_conns_needs_kvpool_uri sh -c "! '$KVP' bench --uri 'embedded://?capa
 check bench_bad_conns sh -c "! '$KVP' bench --conns 0 2>/dev/null"
 check bench_bad_uri sh -c "! '$KVP' bench --uri 'nope://x' --count 10 --size 1KiB 2>/dev/null"
 check bench_human_output sh -c "'$KVP' bench --uri 'embedded://?capacity=16MiB' --op get --size 4KiB --count 100 | grep -q 'memcpy baseline'"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+checks_end

@@ -13,13 +13,7 @@ SRC=${KVP_SOURCE_DIR:-.}
 EMB='embedded://?capacity=4MiB'
 T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-ops.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-check() { # name, command...
-    name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); echo "ok   $name"; else fail=$((fail + 1)); echo "FAIL $name"; fi
-}
+. "${KVP_SOURCE_DIR:-.}/tests/integration/checks.sh"
 
 # expect_err RC CMD...: exits exactly RC with exactly one line on stderr,
 # "kvpool <cmd>: ...", and nothing on stdout.
@@ -244,5 +238,4 @@ else
     echo "skip server flow (set KVP_TEST_SERVER_URI=kvpool://HOST:PORT to run it)"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+checks_end

@@ -219,24 +219,37 @@ static inline void kvlc_s23_replicated_ranks_share_keys(const kvlc_factory_t *f)
     ASSERT_EQ(kvlc_hit(f, &g, b, 2, 33, 2), 32);
 }
 
+/* A lookup over two 16-token blocks stored by every rank, and a request of
+ * 40 tokens over them (hit: 32), for the ops-contract tests below. */
+static inline void kvlc_two_blocks(const kvlc_factory_t *f, kvlc_fixture_t *fx, kvlc_req_t *r)
+{
+    kvlc_geom_t g = kvlc_geom(16, 16);
+    kvlc_block_t b[] = {kvlc_everywhere(0), kvlc_everywhere(1)};
+    f->create(&g, b, 2, fx);
+    kvlc_req_init(r, 40, 2);
+}
+
+/* The blocking answer for r: KVP_OK and the hit. */
+static inline int64_t kvlc_blocking_hit(kvlc_fixture_t *fx, kvlc_req_t *r)
+{
+    int64_t hit = -7;
+    ASSERT_OK(fx->client.ops->lookup(fx->client.ctx, &r->req, false, &hit));
+    return hit;
+}
+
 /* Ops contract (K3): a non-blocking lookup answers now (KVP_OK) or "not yet"
  * (KVP_INPROGRESS); a later blocking call for the same id gets the hit. */
 static inline void kvlc_k3_non_block_answers_or_asks_again(const kvlc_factory_t *f)
 {
-    kvlc_geom_t g = kvlc_geom(16, 16);
-    kvlc_block_t b[] = {kvlc_everywhere(0), kvlc_everywhere(1)};
     kvlc_fixture_t fx;
-    f->create(&g, b, 2, &fx);
     kvlc_req_t r;
-    kvlc_req_init(&r, 40, 2);
+    kvlc_two_blocks(f, &fx, &r);
     int64_t hit = -7;
     kvp_status_t st = fx.client.ops->lookup(fx.client.ctx, &r.req, true, &hit);
     ASSERT(st == KVP_OK || st == KVP_INPROGRESS);
     if (st == KVP_OK)
         ASSERT_EQ(hit, 32);
-    hit = -7;
-    ASSERT_OK(fx.client.ops->lookup(fx.client.ctx, &r.req, false, &hit));
-    ASSERT_EQ(hit, 32);
+    ASSERT_EQ(kvlc_blocking_hit(&fx, &r), 32);
     f->destroy(&fx);
 }
 
@@ -244,19 +257,13 @@ static inline void kvlc_k3_non_block_answers_or_asks_again(const kvlc_factory_t 
  * and lookups go on answering after it. */
 static inline void kvlc_discard_is_harmless(const kvlc_factory_t *f)
 {
-    kvlc_geom_t g = kvlc_geom(16, 16);
-    kvlc_block_t b[] = {kvlc_everywhere(0), kvlc_everywhere(1)};
     kvlc_fixture_t fx;
-    f->create(&g, b, 2, &fx);
-    fx.client.ops->discard(fx.client.ctx, "never-asked");
     kvlc_req_t r;
-    kvlc_req_init(&r, 40, 2);
-    int64_t hit = -7;
-    ASSERT_OK(fx.client.ops->lookup(fx.client.ctx, &r.req, false, &hit));
-    ASSERT_EQ(hit, 32);
+    kvlc_two_blocks(f, &fx, &r);
+    fx.client.ops->discard(fx.client.ctx, "never-asked");
+    ASSERT_EQ(kvlc_blocking_hit(&fx, &r), 32);
     fx.client.ops->discard(fx.client.ctx, "req-1");
-    ASSERT_OK(fx.client.ops->lookup(fx.client.ctx, &r.req, false, &hit));
-    ASSERT_EQ(hit, 32);
+    ASSERT_EQ(kvlc_blocking_hit(&fx, &r), 32);
     f->destroy(&fx);
 }
 
@@ -264,20 +271,14 @@ static inline void kvlc_discard_is_harmless(const kvlc_factory_t *f)
  * finds nothing. */
 static inline void kvlc_k18_reset_acks_and_empties(const kvlc_factory_t *f)
 {
-    kvlc_geom_t g = kvlc_geom(16, 16);
-    kvlc_block_t b[] = {kvlc_everywhere(0), kvlc_everywhere(1)};
     kvlc_fixture_t fx;
-    f->create(&g, b, 2, &fx);
     kvlc_req_t r;
-    kvlc_req_init(&r, 40, 2);
-    int64_t hit = -7;
-    ASSERT_OK(fx.client.ops->lookup(fx.client.ctx, &r.req, false, &hit));
-    ASSERT_EQ(hit, 32);
+    kvlc_two_blocks(f, &fx, &r);
+    ASSERT_EQ(kvlc_blocking_hit(&fx, &r), 32);
     bool ack = false;
     ASSERT_OK(fx.client.ops->reset(fx.client.ctx, &ack));
     ASSERT(ack);
-    ASSERT_OK(fx.client.ops->lookup(fx.client.ctx, &r.req, false, &hit));
-    ASSERT_EQ(hit, 0);
+    ASSERT_EQ(kvlc_blocking_hit(&fx, &r), 0);
     f->destroy(&fx);
 }
 
