@@ -227,8 +227,12 @@ kvp_status_t kvp__remote_post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint
             wop = KVP_WOP_GET_LOCAL;
         pthread_mutex_unlock(&r->mu);
     }
+    /* (a slice is at most KVP_SLICE_KEYS keys: slice_len; its value sizes
+     * live on the stack while the request is encoded) */
+    if (cnt > KVP_SLICE_KEYS)
+        return KVP_ERR_INVALID_ARG;
+    uint64_t sizes_buf[KVP_SLICE_KEYS], *sizes = NULL;
     pending_t *p = kvp__remote_pending_new(wop, oc);
-    uint64_t *sizes = NULL;
     if (!p)
         return KVP_ERR_NO_MEMORY;
     p->off = off;
@@ -239,9 +243,7 @@ kvp_status_t kvp__remote_post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint
     size_t count = 0;
     int iov = 0;
     if (wop == KVP_WOP_PUT || wop == KVP_WOP_GET || wop == KVP_WOP_GET_LOCAL) {
-        sizes = kvp__malloc((cnt ? cnt : 1) * sizeof *sizes);
-        if (!sizes)
-            goto nomem;
+        sizes = sizes_buf;
         uint32_t nv = 0;
         for (uint32_t i = 0; i < cnt; i++) {
             const kvp_sgl_t *v = &op->values[off + i];
@@ -278,8 +280,6 @@ kvp_status_t kvp__remote_post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint
     }
     kvp__wire_req_encode(&p->w, wop, p->req_id, op->timeout_ms ? op->timeout_ms : r->timeout_ms,
                          r->conn_key, op->keys ? op->keys + off : NULL, cnt, sizes);
-    kvp__free(sizes, (cnt ? cnt : 1) * sizeof *sizes);
-    sizes = NULL;
     if (p->w.err)
         goto nomem;
     kvp_status_t st = post(r, p, data, count, iov);
@@ -287,7 +287,6 @@ kvp_status_t kvp__remote_post_slice(remote_t *r, opctx_t *oc, uint32_t wop, uint
         kvp__remote_pending_free(p);
     return st;
 nomem:
-    kvp__free(sizes, (cnt ? cnt : 1) * sizeof *sizes);
     kvp__remote_pending_free(p);
     return KVP_ERR_NO_MEMORY;
 }

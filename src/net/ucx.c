@@ -219,9 +219,9 @@ void kvp__ucx_close(ucp_context_h ctx, ucp_worker_h worker)
 
 /* ---- the process's client context ----
  * ucp_init reads the configuration and opens every transport's resources
- * (~40 ms), so the kvpool:// handles of a process share one context, each
- * with its own worker (a context with mt_workers_shared serves workers of
- * different threads).  A child made by fork() does not use its parent's:
+ * (about 4 ms on this 2-core VM, more with more devices), so the kvpool://
+ * handles of a process share one context, each with its own worker (a
+ * context with mt_workers_shared serves workers of different threads).  A child made by fork() does not use its parent's:
  * UCX's resources do not survive a fork, so the child makes its own (and
  * leaves the inherited one alone: it is the parent's to clean up). */
 static struct {

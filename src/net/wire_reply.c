@@ -190,8 +190,11 @@ kvp_status_t kvp__wire_reply_results_decode(kvp__wire_reply_t *rep, uint32_t exp
         if (op == KVP_WOP_GET) {
             res[i].size = v;
             res[i].flags = 0;
-            if (st == KVP_OK)
+            if (st == KVP_OK) {
+                if (v > UINT64_MAX - sum) /* sizes that wrap could match any data length */
+                    return KVP_ERR_PROTOCOL;
                 sum += v;
+            }
         } else {
             res[i].flags = (uint32_t)v;
             if (op != KVP_WOP_PUT)

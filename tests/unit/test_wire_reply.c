@@ -251,6 +251,16 @@ TEST(test_wire_reply_results_bytes_unchanged_and_round_trip)
     bad[7] = 0x01;
     rep = envelope(bad, sizeof bad, KVP_WOP_PUT, 13);
     ASSERT_EQ(kvp__wire_reply_results_decode(&rep, 3, got, NULL), KVP_ERR_PROTOCOL);
+    /* GET sizes whose sum wraps (to 1,234 here, which a reply's data could
+     * have) are refused, not summed. */
+    w = writer();
+    kvp__wire_reply_keys_begin(&w, KVP_WOP_GET, 14, 2);
+    kvp__wire_reply_key(&w, KVP_OK, UINT64_MAX);
+    kvp__wire_reply_key(&w, KVP_OK, 1235);
+    ASSERT(!w.err);
+    rep = envelope(w.buf, w.len, KVP_WOP_GET, 14);
+    ASSERT_EQ(kvp__wire_reply_results_decode(&rep, 2, got, &total), KVP_ERR_PROTOCOL);
+    kvp__mpw_free(&w);
 }
 
 TEST(test_wire_reply_local_bytes_unchanged_and_round_trip)
