@@ -72,6 +72,8 @@ typedef struct kvp_kv_cache_group {
     kvp_kv_group_kind_t kind;
     int64_t block_size;      /* tokens per block of this group (> 0) */
     bool mamba_align_mode;   /* Mamba only: mamba_cache_mode == "align" */
+    int64_t sliding_window;  /* sliding-window only: the window in tokens (> 0) */
+    bool is_eagle_group;     /* the group holds the EAGLE drafter's layers */
 } kvp_kv_cache_group_t;
 
 /* Inputs of resolve_kv_cache_block_sizes besides the groups.  size: set to
@@ -536,26 +538,28 @@ KVP_API kvp_status_t kvp_kv_store_key_replication_factor(kvp_kv_group_kind_t kin
  * A kvp_kv_lookup_ops_t over a pool opened with include/kvpool/pool.h: what
  * the worker rank 0 answers on the lookup channel (§2.4, "How the worker
  * computes a hit"), computed in the calling process.  A lookup turns the
- * request's block hashes into one store key per chunk and rank namespace
- * (§2.3), asks the pool with kvp_pool_prefix, and returns the hit length in
- * tokens under the every-rank rule (a chunk counts only if every namespace
- * stored it) and the last-token rule (a hit covering the whole prompt is cut
- * to align(num_tokens - 1)).  See src/kv/kv_lookup_pool.c for the steps.
+ * request's block hashes into one store key per (group, chunk, rank
+ * namespace) (§2.3), asks the pool in one batch (kvp_pool_exists or
+ * kvp_pool_prefix), and returns the hit length in tokens under the
+ * every-rank rule (a chunk counts only if every namespace stored it), the
+ * hybrid rule (several groups: the fixed point of the per-group maxima of
+ * vLLM's hybrid coordinator; sliding-window and Mamba groups need only their
+ * tail chunks; EAGLE drops the last block), partial hits at hash-block
+ * granularity (a Mamba group in align mode with block_size > hash block
+ * size), and the last-token rule (a hit covering the whole prompt is cut to
+ * align(num_tokens - 1)).  See src/kv/kv_lookup_pool.c and src/kv/kv_coord.c.
  *
- * Scope: one full-attention KV-cache group (group id 0; MHA/GQA or MLA) at
- * scheduler-block granularity.  Sliding-window or Mamba groups, several
- * groups and partial hits are refused with KVP_ERR_UNSUPPORTED.
- *
- * Every answer is computed at once (non_block is never needed: the answer is
- * always there), so lookup never returns KVP_INPROGRESS and discard has
- * nothing to cancel.  reset removes every object of the pool
- * (kvp_pool_remove_all, the RESET of §2.4).  Used by one thread at a time
- * (the scheduler's); several lookups may share one pool.
+ * Every answer is computed at once, so lookup never returns KVP_INPROGRESS
+ * and discard has nothing to cancel.  reset removes every object of the pool
+ * (kvp_pool_remove_all, the RESET of §2.4).  Lookups and queries are used by
+ * one thread at a time; stats may be read from any thread.
  */
 typedef struct kvp_kv_lookup_pool kvp_kv_lookup_pool_t;
 
-/* What the keys need.  Initialise with kvp_kv_lookup_pool_params_init() (it
- * sets `size` and the defaults) and set what differs. */
+/* What the keys and the hit rule need.  Initialise with
+ * kvp_kv_lookup_pool_params_init() (it sets `size` and the defaults) and set
+ * what differs.  size: as for kvp_kv_config_t (fields past an older caller's
+ * size take their defaults). */
 typedef struct kvp_kv_lookup_pool_params {
     size_t size;              /* sizeof(kvp_kv_lookup_pool_params_t) of the caller's header */
     const char *model_name;   /* model path or name (its last component is used); required */
@@ -565,26 +569,318 @@ typedef struct kvp_kv_lookup_pool_params {
     uint32_t pcp_size;
     uint32_t dcp_size;        /* >= 1 and divides tp_size */
     uint32_t num_kv_heads;    /* default 1; >= 1 (ignored for MLA) */
-    kvp_kv_group_kind_t group_kind; /* default FULL_ATTENTION; MLA also served */
-    uint32_t num_groups;      /* default 1; anything else KVP_ERR_UNSUPPORTED */
-    int64_t block_size;       /* scheduler block size (the chunk), default 16 */
-    int64_t hash_block_size;  /* default 16; divides block_size */
-    bool partial_hits;        /* default false; true is KVP_ERR_UNSUPPORTED */
+    /* The KV-cache groups, in group-id order (copied).  NULL / 0: one group
+     * of kind group_kind and block size block_size. */
+    const kvp_kv_cache_group_t *groups;
+    uint32_t num_groups;
+    kvp_kv_group_kind_t group_kind; /* default FULL_ATTENTION (used when groups is NULL) */
+    int64_t block_size;       /* scheduler block size (lcm of the group sizes), default 16 */
+    int64_t hash_block_size;  /* default 16; divides every group's block size */
+    bool use_eagle;           /* speculative decoding with EAGLE (drops the last block) */
 } kvp_kv_lookup_pool_params_t;
 
 KVP_API void kvp_kv_lookup_pool_params_init(kvp_kv_lookup_pool_params_t *params);
 
+/* Why a lookup's hit stopped where it did (`kvpool lookup -v`, the stats). */
+typedef enum kvp_kv_miss_reason {
+    KVP_KV_MISS_NONE = 0,          /* every probed block present: the hashes or tokens ended */
+    KVP_KV_MISS_NO_HASHES,         /* the request carried no block hashes */
+    KVP_KV_MISS_TOO_SHORT,         /* fewer tokens than one lookup unit */
+    KVP_KV_MISS_MISSING_BLOCK,     /* block `block_index` of `group_id` is on no namespace */
+    KVP_KV_MISS_RANK_MISSING,      /* ... is on some namespaces, not on the one named */
+    KVP_KV_MISS_CAPPED_LAST_TOKEN, /* all present; cut so the last prompt token is recomputed */
+    KVP_KV_MISS_POOL_ERROR,        /* the pool failed: a hit of 0 */
+    KVP_KV_MISS__COUNT
+} kvp_kv_miss_reason_t;
+
+/* "none", "no_hashes", "too_short", "missing_block", "rank_missing",
+ * "capped_last_token", "pool_error"; "unknown" otherwise. */
+KVP_API const char *kvp_kv_miss_reason_name(kvp_kv_miss_reason_t reason);
+
+/* One lookup's answer, with its reason. */
+typedef struct kvp_kv_lookup_result {
+    int64_t hit_tokens;
+    kvp_kv_miss_reason_t reason;
+    uint32_t group_id;        /* MISSING_BLOCK / RANK_MISSING: the group ... */
+    int64_t block_index;      /* ... and its block (in that group's block size); else -1 */
+    uint32_t tp_rank, pcp_rank, dcp_rank, pp_rank; /* RANK_MISSING: a namespace lacking it */
+    uint64_t keys_probed;     /* keys asked of the pool */
+} kvp_kv_lookup_result_t;
+
 /* Creates a pool lookup.  [in] pool (not owned; must outlive the lookup),
  * params (copied).  Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_BAD_CONFIG
- * (size too small, a size or rank count out of range, a model name or prefix
- * the key format refuses; logged); KVP_ERR_UNSUPPORTED (see Scope);
- * KVP_ERR_NO_MEMORY. */
+ * (a size or rank count out of range, groups the hybrid rule refuses, a
+ * model name or prefix the key format refuses; logged); KVP_ERR_NO_MEMORY;
+ * KVP_ERR_INVALID_ARG / KVP_ERR_VERSION (params->size). */
 KVP_API kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool,
                                                const kvp_kv_lookup_pool_params_t *params,
                                                kvp_kv_lookup_pool_t **lookup_p);
 KVP_API void kvp_kv_lookup_pool_destroy(kvp_kv_lookup_pool_t *lookup);
 /* The client view of it (valid while lookup lives), for kvp_kv_sched_create. */
 KVP_API kvp_kv_lookup_client_t kvp_kv_lookup_pool_client(kvp_kv_lookup_pool_t *lookup);
+
+/* The lookup of the wire (§2.4): hashes are num_hashes * hash_len bytes at
+ * hash_block_size granularity; apply_eagle as the LOOKUP frame's u8 (true
+ * when the frame is absent).  Returns KVP_OK with *res_p (a pool error is
+ * KVP_OK with reason POOL_ERROR and hit 0, as the original's "any exception
+ * returns 0"); KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG (hash_len 0 or over
+ * KVP_HASH_MAX_LEN with hashes present; logged). */
+KVP_API kvp_status_t kvp_kv_lookup_pool_query(kvp_kv_lookup_pool_t *lookup, int64_t num_tokens,
+                                              const uint8_t *hashes, size_t num_hashes,
+                                              uint32_t hash_len, bool apply_eagle,
+                                              kvp_kv_lookup_result_t *res_p);
+
+typedef struct kvp_kv_lookup_stats {
+    uint64_t lookups;
+    uint64_t hit_tokens;       /* sum of the hits answered */
+    uint64_t queried_tokens;   /* sum of num_tokens asked */
+    uint64_t keys_probed;
+    uint64_t resets;
+    uint64_t reasons[KVP_KV_MISS__COUNT]; /* lookups by reason */
+} kvp_kv_lookup_stats_t;
+KVP_API void kvp_kv_lookup_pool_stats(const kvp_kv_lookup_pool_t *lookup,
+                                      kvp_kv_lookup_stats_t *stats_p);
+
+/* ------------------------------------------------------------------------- */
+/* Lookup service over ZeroMQ (§2.4): server and client                      */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * The wire is vLLM's LookupKeyClient/LookupKeyServer, byte for byte:
+ *   LOOKUP: multipart "lookup" / u32 BE num_tokens / u16 BE hash_len /
+ *           hashes [/ u8 apply_eagle]  ->  u32 BE hit  (a client also
+ *           accepts 4 + 8k bytes: the newer tail_key_boundaries)
+ *   RESET:  "reset"  ->  "\x01" (OK) or "\x00" (error)
+ * Unknown tags and malformed frames get "\x00" and one rate-limited log line.
+ */
+
+/* The ipc endpoint of §2.4:
+ *   ipc://{base_path}/lookup_rpc_port_{rpc_port}_host_{hostname}_dp_rank{dp_rank}
+ * hostname NULL: this host's name (gethostname).  Returns KVP_OK;
+ * KVP_ERR_NULL_POINTER; KVP_ERR_BUFFER_TOO_SMALL; KVP_ERR_INVALID_ARG. */
+KVP_API kvp_status_t kvp_kv_lookup_ipc_endpoint(const char *base_path, uint32_t rpc_port,
+                                                const char *hostname, uint32_t dp_rank,
+                                                char *buf, size_t buf_size);
+
+typedef struct kvp_kv_lookup_server kvp_kv_lookup_server_t;
+
+typedef struct kvp_kv_lookup_server_params {
+    size_t size;                   /* set by kvp_kv_lookup_server_params_init */
+    const char *endpoint;          /* "ipc://PATH" or "tcp://HOST:PORT" (HOST named, PORT 0 = any) */
+    kvp_kv_lookup_pool_t *lookup;  /* not owned; answers LOOKUP; its pool is what RESET clears */
+    /* RESET first calls drain (joins pending saves: kvp_kv_worker_drain), if set. */
+    kvp_status_t (*drain)(void *arg);
+    void *drain_arg;
+    uint32_t max_hashes;           /* a LOOKUP with more is refused; default 1 << 20 */
+} kvp_kv_lookup_server_params_t;
+
+KVP_API void kvp_kv_lookup_server_params_init(kvp_kv_lookup_server_params_t *params);
+
+/* Binds and starts answering (one thread).  ipc: the socket file is created
+ * owner-only; an existing file is unlinked only when nothing answers on it
+ * (a live server's socket is never stolen: KVP_ERR_BUSY).  tcp: binds only
+ * the host named (no wildcard).  Returns KVP_OK; KVP_ERR_NULL_POINTER;
+ * KVP_ERR_BAD_CONFIG / KVP_ERR_BAD_URI (endpoint; logged); KVP_ERR_BUSY;
+ * KVP_ERR_IO (bind failed; logged); KVP_ERR_NO_MEMORY. */
+KVP_API kvp_status_t kvp_kv_lookup_server_start(const kvp_kv_lookup_server_params_t *params,
+                                                kvp_kv_lookup_server_t **server_p);
+/* Stops answering, closes the socket (an ipc file it created is unlinked). */
+KVP_API void kvp_kv_lookup_server_stop(kvp_kv_lookup_server_t *server);
+/* The bound endpoint (a tcp port 0 resolved), owned by the server. */
+KVP_API const char *kvp_kv_lookup_server_endpoint(const kvp_kv_lookup_server_t *server);
+
+typedef struct kvp_kv_lookup_server_stats {
+    uint64_t requests;     /* messages received */
+    uint64_t lookups;      /* well-formed LOOKUPs answered */
+    uint64_t resets;       /* RESETs (ACK or NACK) */
+    uint64_t bad_frames;   /* malformed LOOKUPs answered "\x00" */
+    uint64_t unknown_tags; /* unknown first frames answered "\x00" */
+} kvp_kv_lookup_server_stats_t;
+KVP_API void kvp_kv_lookup_server_stats(const kvp_kv_lookup_server_t *server,
+                                        kvp_kv_lookup_server_stats_t *stats_p);
+
+/* Prometheus text of the server's and its lookup's counters (kvpool_lookup_*),
+ * NUL-terminated, into buf.  [out] len_p: the length (also the length needed
+ * on KVP_ERR_BUFFER_TOO_SMALL). */
+KVP_API kvp_status_t kvp_kv_lookup_server_metrics(const kvp_kv_lookup_server_t *server, char *buf,
+                                                  size_t buf_size, size_t *len_p);
+
+/* The ZeroMQ client (REQ), a kvp_kv_lookup_client_t with LookupKeyClient's
+ * semantics: one I/O thread serialises the socket; one in-flight lookup per
+ * request id, which later calls for that id reuse (their arguments are
+ * ignored); non_block answers KVP_INPROGRESS while it is not done; an error
+ * or a timeout counts as a hit of 0 (logged); discard cancels; reset goes
+ * through the same thread.  Every call has a deadline (timeout_ms): a dead
+ * server costs a miss, not a hang, and a timed-out REQ socket is replaced. */
+typedef struct kvp_kv_lookup_zmq kvp_kv_lookup_zmq_t;
+
+typedef struct kvp_kv_lookup_zmq_params {
+    size_t size;          /* set by kvp_kv_lookup_zmq_params_init */
+    const char *endpoint; /* ipc:// or tcp:// */
+    uint32_t timeout_ms;  /* per call, default 2000 */
+    bool send_eagle;      /* append the u8 apply_eagle frame (default false: 4 frames) */
+    bool apply_eagle;     /* its value */
+    uint32_t max_inflight; /* lookups queued or in flight; beyond: a hit of 0; default 4096 */
+} kvp_kv_lookup_zmq_params_t;
+
+KVP_API void kvp_kv_lookup_zmq_params_init(kvp_kv_lookup_zmq_params_t *params);
+KVP_API kvp_status_t kvp_kv_lookup_zmq_create(const kvp_kv_lookup_zmq_params_t *params,
+                                              kvp_kv_lookup_zmq_t **client_p);
+KVP_API void kvp_kv_lookup_zmq_destroy(kvp_kv_lookup_zmq_t *client);
+/* The client view (valid while client lives), for kvp_kv_sched_create. */
+KVP_API kvp_kv_lookup_client_t kvp_kv_lookup_zmq_client(kvp_kv_lookup_zmq_t *client);
+/* One blocking LOOKUP outside the per-request table (the CLI, benches).
+ * Returns KVP_OK and *hit_p; KVP_ERR_TIMEOUT; KVP_ERR_DECODE (a bad reply);
+ * KVP_ERR_IO. */
+KVP_API kvp_status_t kvp_kv_lookup_zmq_query(kvp_kv_lookup_zmq_t *client, int64_t num_tokens,
+                                             const uint8_t *hashes, size_t num_hashes,
+                                             uint32_t hash_len, int64_t *hit_p);
+
+typedef struct kvp_kv_lookup_zmq_stats {
+    uint64_t lookups;      /* RPCs sent */
+    uint64_t errors;       /* RPCs that failed (answered as a hit of 0) */
+    uint64_t timeouts;     /* ... of which timed out */
+    uint64_t reconnects;   /* REQ sockets replaced */
+    uint64_t inflight;     /* lookups queued or in flight now */
+} kvp_kv_lookup_zmq_stats_t;
+KVP_API void kvp_kv_lookup_zmq_stats(const kvp_kv_lookup_zmq_t *client,
+                                     kvp_kv_lookup_zmq_stats_t *stats_p);
+
+/* ------------------------------------------------------------------------- */
+/* Worker side (§2.7, W1–W8): saves and loads KV blocks                      */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * The worker executes the scheduler's ReqMetas against a pool: it saves newly
+ * computed blocks of an engine's paged KV cache and loads hit blocks into it.
+ * All I/O is queued in get_finished (W1) and done by one save thread and N
+ * load threads, so it overlaps the engine's compute.  The value of one block
+ * is one scatter list over every registered segment (§2.3).
+ */
+typedef struct kvp_kv_worker kvp_kv_worker_t;
+
+/* How bytes move between the KV cache and buffers the pool can read/write.
+ * direct: the KV cache is host memory the pool reads and writes in place
+ * (kvp_kv_copy_host(): no staging).  Otherwise every block is staged through
+ * a host bounce buffer with to_host (save) and from_host (load): the seam a
+ * CUDA-staged copy plugs into without touching the rules. */
+typedef struct kvp_kv_copy_ops {
+    bool direct;
+    kvp_status_t (*to_host)(void *ctx, void *host_dst, const void *cache_src, size_t len);
+    kvp_status_t (*from_host)(void *ctx, void *cache_dst, const void *host_src, size_t len);
+    void *ctx;
+} kvp_kv_copy_ops_t;
+
+/* Host memory, in place (the default). */
+KVP_API const kvp_kv_copy_ops_t *kvp_kv_copy_host(void);
+
+#define KVP_KV_TENSOR_MAX_DIMS 8u
+
+/* One registered KV-cache tensor (a layer's paged cache, or the cross-layer
+ * cache), as torch describes it: the storage it lives in and its view. */
+typedef struct kvp_kv_cache_tensor {
+    void *storage;            /* the storage's base (untyped_storage().data_ptr()) */
+    size_t storage_bytes;     /* untyped_storage().nbytes() */
+    uint32_t elem_size;       /* bytes per element */
+    uint32_t ndim;            /* 1 .. KVP_KV_TENSOR_MAX_DIMS */
+    int64_t shape[KVP_KV_TENSOR_MAX_DIMS];
+    int64_t stride[KVP_KV_TENSOR_MAX_DIMS]; /* in elements */
+} kvp_kv_cache_tensor_t;
+
+typedef struct kvp_kv_worker_params {
+    size_t size;              /* set by kvp_kv_worker_params_init */
+    kvp_pool_t *pool;         /* not owned; must outlive the worker */
+    kvp_kv_role_t role;       /* default BOTH; a consumer never saves */
+    const char *model_name;   /* required (its last path component goes into keys) */
+    const char *cache_prefix; /* NULL or "": none */
+    uint32_t tp_rank, tp_size; /* default 0, 1 */
+    uint32_t pp_rank, pp_size;
+    uint32_t pcp_rank, pcp_size;
+    uint32_t dcp_rank, dcp_size;
+    uint32_t num_kv_heads;    /* total KV heads, default 1 */
+    const kvp_kv_cache_group_t *groups; /* NULL / 0: one group of group_kind, block_size */
+    uint32_t num_groups;
+    kvp_kv_group_kind_t group_kind;     /* default FULL_ATTENTION */
+    int64_t block_size;       /* scheduler block size, default 16 */
+    int64_t hash_block_size;  /* default 16 */
+    bool use_eagle;
+    uint32_t num_load_threads;     /* default 2 (VLLM_MOONCAKE_LOAD_RECV_THREADS) */
+    uint64_t max_save_bytes;       /* block bytes queued to the save thread; beyond, saves are
+                                    * dropped and counted; default 1 GiB */
+    uint64_t staging_budget_bytes; /* W6 staging budget per load batch; 0 = none */
+    uint32_t timeout_ms;           /* per pool call; 0 = the pool's default */
+    const kvp_kv_copy_ops_t *copy; /* NULL: kvp_kv_copy_host() */
+} kvp_kv_worker_params_t;
+
+KVP_API void kvp_kv_worker_params_init(kvp_kv_worker_params_t *params);
+
+/* Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_BAD_CONFIG (logged);
+ * KVP_ERR_NO_MEMORY; KVP_ERR_INVALID_ARG / KVP_ERR_VERSION (params->size). */
+KVP_API kvp_status_t kvp_kv_worker_create(const kvp_kv_worker_params_t *params,
+                                          kvp_kv_worker_t **worker_p);
+/* Joins the threads (queued work is finished first) and frees everything. */
+KVP_API void kvp_kv_worker_destroy(kvp_kv_worker_t *worker);
+
+/* register_kv_caches (W8): derives the segments from the strides (a dim whose
+ * byte stride exceeds the page size, storage_bytes / num_blocks, splits the
+ * storage into that many segments: K/V-first; none: one segment,
+ * blocks-first or cross-layer), registers each distinct storage once with
+ * kvp_pool_register, and starts the threads.  Called once.  Returns KVP_OK;
+ * KVP_ERR_NULL_POINTER; KVP_ERR_INVALID_ARG (a tensor whose view leaves its
+ * storage, storage not divisible into num_blocks pages, segments that
+ * overlap or are misaligned; logged); KVP_ERR_STATE (called twice). */
+KVP_API kvp_status_t kvp_kv_worker_register(kvp_kv_worker_t *worker,
+                                            const kvp_kv_cache_tensor_t *tensors, size_t n,
+                                            uint64_t num_blocks);
+
+/* What get_finished reports: ids owned by the worker, valid until the next
+ * get_finished or destroy. */
+typedef struct kvp_kv_finished {
+    const char *const *sending; /* done_sending (W5) */
+    size_t num_sending;
+    const char *const *recving; /* done_recving (W6) */
+    size_t num_recving;
+} kvp_kv_finished_t;
+
+/* get_finished (W1-W6): queues this step's loads (W2) and saves (W3), then
+ * reports what has finished.  meta may be NULL (no metas this step);
+ * finished_ids: the engine's finished request ids of this step.  Block ids
+ * outside the registered range make that ReqMeta fail (logged; its loads
+ * are reported as load errors and the request as done_recving).  Returns
+ * KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_STATE (not registered);
+ * KVP_ERR_NO_MEMORY. */
+KVP_API kvp_status_t kvp_kv_worker_get_finished(kvp_kv_worker_t *worker, const kvp_kv_meta_t *meta,
+                                                const char *const *finished_ids, size_t num_finished,
+                                                kvp_kv_finished_t *out_p);
+
+/* get_block_ids_with_load_errors: every block id whose load failed since the
+ * last call (missing key, wrong size, pool error, lost connection), then
+ * cleared.  [out] ids_p: owned by the worker, valid until the next call. */
+KVP_API kvp_status_t kvp_kv_worker_load_errors(kvp_kv_worker_t *worker, const int64_t **ids_p,
+                                               size_t *n_p);
+
+/* Blocks until every queued save has been handled (the RESET's join). */
+KVP_API kvp_status_t kvp_kv_worker_drain(kvp_kv_worker_t *worker);
+
+typedef struct kvp_kv_worker_stats {
+    uint64_t blocks_saved;       /* blocks put (new) */
+    uint64_t blocks_deduped;     /* blocks already in the pool (not put) */
+    uint64_t blocks_loaded;      /* blocks got and verified */
+    uint64_t load_errors;        /* blocks reported as load errors */
+    uint64_t save_errors;        /* blocks whose put failed */
+    uint64_t saves_dropped;      /* ReqMetas not queued: the save queue was full */
+    uint64_t pressure_skips;     /* ReqMetas skipped for store pressure (W4) */
+    uint64_t bytes_saved, bytes_loaded;
+    uint64_t save_queue_depth;   /* ReqMetas queued to the save thread now */
+    uint64_t save_queue_bytes;   /* their block bytes */
+    uint64_t load_queue_depth;   /* ReqMetas queued to the load threads now */
+} kvp_kv_worker_stats_t;
+KVP_API void kvp_kv_worker_stats(const kvp_kv_worker_t *worker, kvp_kv_worker_stats_t *stats_p);
+
+/* Prometheus text of the worker's counters (kvpool_kv_worker_*), as
+ * kvp_kv_lookup_server_metrics. */
+KVP_API kvp_status_t kvp_kv_worker_metrics(const kvp_kv_worker_t *worker, char *buf,
+                                           size_t buf_size, size_t *len_p);
 
 #ifdef __cplusplus
 }

@@ -70,7 +70,6 @@ void kvp_kv_lookup_pool_params_init(kvp_kv_lookup_pool_params_t *params)
     params->tp_size = params->pp_size = params->pcp_size = params->dcp_size = 1;
     params->num_kv_heads = 1;
     params->group_kind = KVP_KV_GROUP_FULL_ATTENTION;
-    params->num_groups = 1;
     params->block_size = 16;
     params->hash_block_size = 16;
 }
@@ -204,11 +203,12 @@ static kvp_status_t check_params(const kvp_kv_lookup_pool_params_t *p)
         kvp_error("kv pool lookup: unknown group kind %d", (int)p->group_kind);
         return KVP_ERR_BAD_CONFIG;
     }
-    if (p->num_groups != 1 || p->partial_hits ||
-        (p->group_kind != KVP_KV_GROUP_FULL_ATTENTION && p->group_kind != KVP_KV_GROUP_MLA)) {
-        kvp_error("kv pool lookup: only one full-attention group without partial hits is "
-                  "served (%u groups, kind %d, partial hits %d)",
-                  p->num_groups, (int)p->group_kind, (int)p->partial_hits);
+    /* STAGE 1: one full-attention group (the hybrid rule comes with kv_coord.c). */
+    kvp_kv_group_kind_t kind = p->groups && p->num_groups ? p->groups[0].kind : p->group_kind;
+    if ((p->groups && p->num_groups > 1) ||
+        (kind != KVP_KV_GROUP_FULL_ATTENTION && kind != KVP_KV_GROUP_MLA)) {
+        kvp_error("kv pool lookup: only one full-attention group is served (%u groups, kind %d)",
+                  p->num_groups, (int)kind);
         return KVP_ERR_UNSUPPORTED;
     }
     if (!p->model_name) {
@@ -236,7 +236,9 @@ kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool, const kvp_kv_lookup_poo
     if (st != KVP_OK)
         return st;
     uint32_t factor;
-    st = kvp_kv_store_key_replication_factor(params->group_kind, params->tp_size,
+    st = kvp_kv_store_key_replication_factor(params->groups && params->num_groups
+                                                 ? params->groups[0].kind
+                                                 : params->group_kind, params->tp_size,
                                              params->num_kv_heads, params->dcp_size, &factor);
     if (st != KVP_OK)
         return KVP_ERR_BAD_CONFIG;
@@ -276,6 +278,7 @@ kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool, const kvp_kv_lookup_poo
     lk->model[name_len] = '\0';
     lk->p.model_name = lk->model;
     lk->p.cache_prefix = lk->prefix;
+    lk->p.groups = NULL; /* (stage 1: the one group's kind is all that is kept) */
     /* The longest key this lookup can build (the largest rank of every field,
      * a 32-byte hash) must pass the key format: it also checks model and
      * prefix once here, so a lookup never fails on them. */
@@ -311,4 +314,44 @@ void kvp_kv_lookup_pool_destroy(kvp_kv_lookup_pool_t *lk)
 kvp_kv_lookup_client_t kvp_kv_lookup_pool_client(kvp_kv_lookup_pool_t *lk)
 {
     return (kvp_kv_lookup_client_t){&g_pool_ops, lk};
+}
+
+/* STAGE 1 of the wire lookup: the one-group rule above, reasons coarse. */
+kvp_status_t kvp_kv_lookup_pool_query(kvp_kv_lookup_pool_t *lk, int64_t num_tokens,
+                                      const uint8_t *hashes, size_t num_hashes, uint32_t hash_len,
+                                      bool apply_eagle, kvp_kv_lookup_result_t *res_p)
+{
+    (void)apply_eagle;
+    if (!lk || !res_p || (num_hashes && !hashes))
+        return KVP_ERR_NULL_POINTER;
+    memset(res_p, 0, sizeof *res_p);
+    res_p->block_index = -1;
+    if (num_hashes && (hash_len == 0 || hash_len > KVP_HASH_MAX_LEN))
+        return KVP_ERR_INVALID_ARG;
+    kvp_kv_request_t req = {.req_id = "lookup", .num_tokens = num_tokens,
+                            .block_hashes = hashes, .num_block_hashes = num_hashes,
+                            .hash_len = hash_len};
+    int64_t hit = 0;
+    kvp_status_t st = pool_lookup(lk, &req, false, &hit);
+    res_p->hit_tokens = st == KVP_OK ? hit : 0;
+    res_p->reason = st != KVP_OK ? KVP_KV_MISS_POOL_ERROR
+                    : num_hashes == 0 ? KVP_KV_MISS_NO_HASHES
+                                      : KVP_KV_MISS_NONE;
+    return KVP_OK;
+}
+
+static const char *const g_reason_names[KVP_KV_MISS__COUNT] = {
+    "none", "no_hashes", "too_short", "missing_block", "rank_missing", "capped_last_token",
+    "pool_error"};
+
+const char *kvp_kv_miss_reason_name(kvp_kv_miss_reason_t r)
+{
+    return (unsigned)r < KVP_KV_MISS__COUNT ? g_reason_names[r] : "unknown";
+}
+
+void kvp_kv_lookup_pool_stats(const kvp_kv_lookup_pool_t *lk, kvp_kv_lookup_stats_t *stats_p)
+{
+    (void)lk;
+    if (stats_p)
+        memset(stats_p, 0, sizeof *stats_p);
 }

@@ -138,9 +138,9 @@ TEST(test_pool_lookup_params_scope_and_refusals)
     ASSERT_EQ(create_with(&p), KVP_ERR_UNSUPPORTED);
     params_of(&g, &p), p.group_kind = KVP_KV_GROUP_MAMBA;
     ASSERT_EQ(create_with(&p), KVP_ERR_UNSUPPORTED);
-    params_of(&g, &p), p.num_groups = 2;
-    ASSERT_EQ(create_with(&p), KVP_ERR_UNSUPPORTED);
-    params_of(&g, &p), p.partial_hits = true;
+    kvp_kv_cache_group_t two[2] = {{KVP_KV_GROUP_FULL_ATTENTION, 16, false, 0, false},
+                                   {KVP_KV_GROUP_FULL_ATTENTION, 16, false, 0, false}};
+    params_of(&g, &p), p.groups = two, p.num_groups = 2;
     ASSERT_EQ(create_with(&p), KVP_ERR_UNSUPPORTED);
 
     params_of(&g, &p), p.group_kind = (kvp_kv_group_kind_t)9;

@@ -999,7 +999,7 @@ TEST(test_config_validate_and_defaults)
 
 TEST(test_block_sizes_one_group_times_dcp_pcp)
 {
-    kvp_kv_cache_group_t g = {KVP_KV_GROUP_FULL_ATTENTION, 16, false};
+    kvp_kv_cache_group_t g = {KVP_KV_GROUP_FULL_ATTENTION, 16, false, 0, false};
     kvp_kv_block_params_t p = {sizeof p, 16, 0, 2, 2, true, true};
     kvp_kv_block_sizes_t out;
     ASSERT_OK(kvp_kv_resolve_block_sizes(&g, 1, &p, &out));
@@ -1012,8 +1012,8 @@ TEST(test_block_sizes_one_group_times_dcp_pcp)
 
 TEST(test_block_sizes_hybrid_groups)
 {
-    kvp_kv_cache_group_t g[2] = {{KVP_KV_GROUP_FULL_ATTENTION, 16, false},
-                                 {KVP_KV_GROUP_SLIDING_WINDOW, 32, false}};
+    kvp_kv_cache_group_t g[2] = {{KVP_KV_GROUP_FULL_ATTENTION, 16, false, 0, false},
+                                 {KVP_KV_GROUP_SLIDING_WINDOW, 32, false, 128, false}};
     kvp_kv_block_params_t p = {sizeof p, 16, 0, 1, 1, true, true};
     kvp_kv_block_sizes_t out;
     ASSERT_OK(kvp_kv_resolve_block_sizes(g, 2, &p, &out));
@@ -1034,8 +1034,8 @@ TEST(test_block_sizes_hybrid_groups)
 TEST(test_block_sizes_mamba_partial_hits)
 {
     /* align mode: the Mamba group's block size is the cache block size */
-    kvp_kv_cache_group_t g[2] = {{KVP_KV_GROUP_FULL_ATTENTION, 16, false},
-                                 {KVP_KV_GROUP_MAMBA, 64, true}};
+    kvp_kv_cache_group_t g[2] = {{KVP_KV_GROUP_FULL_ATTENTION, 16, false, 0, false},
+                                 {KVP_KV_GROUP_MAMBA, 64, true, 0, false}};
     kvp_kv_block_params_t p = {sizeof p, 64, 0, 1, 1, true, true};
     kvp_kv_block_sizes_t out;
     ASSERT_OK(kvp_kv_resolve_block_sizes(g, 2, &p, &out));
