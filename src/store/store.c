@@ -395,13 +395,19 @@ static inline void prefetch_obj(kvp__store_t *s, uint64_t h)
     kvp__spin_unlock(&sh->lock);
 }
 
+/* A batch lookup (exists, prefix) refreshes the recency of what it finds:
+ * a block the KV lookup service just found is about to be loaded, so it
+ * should be the last to be evicted (issue 13).  No lease is taken, so
+ * eviction is never blocked by a lookup. */
 static int exists_hashed(kvp__store_t *s, uint64_t h, const kvp_key_t *k)
 {
     kvp__shard_t *sh = kvp__shard_of(s, h);
     kvp__spin_lock(&sh->lock);
-    int found = kvp__do_find(sh, h, k->data, k->len) != NULL;
+    kvp__obj_t *o = kvp__do_find(sh, h, k->data, k->len);
+    if (o)
+        kvp__do_lru_touch(sh, o);
     kvp__spin_unlock(&sh->lock);
-    return found;
+    return o != NULL;
 }
 
 /* Runs the pipeline over keys[0..n); stops at the first absent key when
