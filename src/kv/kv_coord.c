@@ -192,8 +192,8 @@ static size_t swa_need(const kvp_kv_cache_group_t *s, bool eagle)
 static void pop(found_t *f)
 {
     f->len--;
-    if (f->ones > f->len)
-        f->ones = f->len;
+    if (f->ones)
+        f->ones--;
 }
 
 /* SlidingWindowManager.find_longest_cache_hit. */
