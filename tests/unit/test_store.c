@@ -351,6 +351,42 @@ TEST(test_store_lookup_refreshes_recency_so_looked_up_objects_outlive_eviction)
     check_touched_survive_eviction(touch_by_lookup);
 }
 
+/* No lease: a store whose every object a lookup has found still evicts
+ * (the second chances are bounded per victim; nothing is pinned by them). */
+TEST(test_store_lookups_never_block_eviction)
+{
+    kvp__store_t *s = make_store(4 << 20, 0);
+    char *val = calloc(1, 16384);
+    char(*names)[16] = calloc(1024, sizeof *names);
+    kvp_key_t *keys = calloc(1024, sizeof *keys);
+    uint8_t *present = calloc(1024, 1);
+    ASSERT(val && names && keys && present);
+    kvp_pool_stats_t st;
+    uint32_t f;
+    int n = 0;
+    for (; n < 1024; n++) {
+        kvp__store_stats(s, &st);
+        if (st.used_bytes + 2 * kvp__tlsf_footprint(16384) > st.high_watermark_bytes)
+            break;
+        snprintf(names[n], sizeof names[n], "obj%05d", n);
+        keys[n] = kvp_key_str(names[n]);
+        ASSERT_OK(put_str(s, names[n], val, 16384, &f));
+    }
+    kvp__store_exists_batch(s, keys, (size_t)n, present);
+    ASSERT_EQ(kvp__store_prefix(s, keys, (size_t)n), (size_t)n);
+    for (int i = 0; i < 8; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "new%05d", i);
+        ASSERT_OK(put_str(s, key, val, 16384, &f));
+    }
+    kvp__store_stats(s, &st);
+    ASSERT_GT(st.evicted, 0);
+    ASSERT_LE(st.used_bytes, st.high_watermark_bytes);
+    assert_identity(s);
+    free(val), free(names), free(keys), free(present);
+    kvp__store_destroy(s);
+}
+
 TEST(test_store_pinned_never_evicted_and_no_space)
 {
     kvp__store_t *s = make_store(1 << 20, 0);
@@ -599,6 +635,7 @@ TEST_LIST(T(test_store_memfd_arena_is_sealed), T(test_store_lease_count_never_wr
           T(test_store_put_existing_is_idempotent), T(test_store_get_short_buffer_reports_size),
           T(test_store_eviction_between_watermarks_lru_order),
           T(test_store_lookup_refreshes_recency_so_looked_up_objects_outlive_eviction),
+          T(test_store_lookups_never_block_eviction),
           T(test_store_pinned_never_evicted_and_no_space),
           T(test_store_lease_survives_remove_and_reset),
           T(test_store_exists_takes_no_lease_and_no_lru_touch), T(test_store_prefix_early_exit),
