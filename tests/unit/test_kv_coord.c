@@ -329,6 +329,63 @@ TEST(test_coord_create_refuses_bad_configs)
     ASSERT(c == NULL);
 }
 
+/* ------------------------------------------------ against the original */
+
+/* One case of kv_coord_ref_cases.h: a configuration, presences, and what
+ * the original (MooncakeStoreCoordinator run by
+ * tests/integration/kv_coord_ref.py) answered: the hit and its masks
+ * (find_longest_cache_hit), lookup_mask(aligned) and
+ * store_mask(aligned, start). */
+typedef struct kvcr_case {
+    uint32_t n;
+    kvp_kv_cache_group_t g[3];
+    int64_t bs, hbs;
+    bool use_eagle;
+    size_t nh;
+    int64_t max;
+    bool apply_eagle;
+    const char *pres[3];
+    int64_t hit;
+    const char *mask[3];
+    int64_t aligned;
+    const char *lookup[3];
+    int64_t start;
+    const char *store[3];
+} kvcr_case_t;
+
+#include "kv_coord_ref_cases.h"
+
+/* Every case of the table: the same hit, masks, lookup and store masks. */
+TEST(test_coord_matches_the_original_coordinator)
+{
+    kvp__kv_masks_t m = {0};
+    size_t n = sizeof g_ref_cases / sizeof g_ref_cases[0];
+    for (size_t i = 0; i < n; i++) {
+        const kvcr_case_t *k = &g_ref_cases[i];
+        kvp__kv_coord_t *c = coord(k->g, k->n, k->bs, k->hbs, k->use_eagle);
+        int64_t h = hit(c, k->pres, k->nh, k->max, k->apply_eagle, &m, NULL);
+        ASSERT_MSG(h == k->hit, "case %zu: hit %lld, the original %lld", i, (long long)h,
+                   (long long)k->hit);
+        for (uint32_t g = 0; g < k->n; g++)
+            ASSERT_MSG(strcmp(mask_str(&m, g), k->mask[g]) == 0,
+                       "case %zu group %u: mask %s, the original %s", i, g, mask_str(&m, g),
+                       k->mask[g]);
+        ASSERT_EQ(kvp__kv_coord_align(c, k->max), k->aligned);
+        ASSERT_OK(kvp__kv_coord_lookup_mask(c, k->aligned, &m));
+        for (uint32_t g = 0; g < k->n; g++)
+            ASSERT_MSG(strcmp(mask_str(&m, g), k->lookup[g]) == 0,
+                       "case %zu group %u: lookup mask %s, the original %s", i, g,
+                       mask_str(&m, g), k->lookup[g]);
+        ASSERT_OK(kvp__kv_coord_store_mask(c, k->aligned, k->start, k->max, &m));
+        for (uint32_t g = 0; g < k->n; g++)
+            ASSERT_MSG(strcmp(mask_str(&m, g), k->store[g]) == 0,
+                       "case %zu group %u: store mask %s, the original %s", i, g,
+                       mask_str(&m, g), k->store[g]);
+        kvp__kv_coord_destroy(c);
+    }
+    kvp__kv_masks_free(&m);
+}
+
 TEST_LIST(T(test_coord_full_attention_run_from_block0_and_eagle_drop),
           T(test_coord_chunk_is_keyed_by_its_last_subhash),
           T(test_coord_equal_specs_need_every_member), T(test_coord_swa_needs_only_the_window_tail),
@@ -338,4 +395,5 @@ TEST_LIST(T(test_coord_full_attention_run_from_block0_and_eagle_drop),
           T(test_coord_full_attention_fine_grained_phase2),
           T(test_coord_fixed_point_needs_two_rounds),
           T(test_coord_swa_run_ends_on_the_scheduler_boundary),
-          T(test_coord_swa_masks_lookup_store_load), T(test_coord_create_refuses_bad_configs))
+          T(test_coord_swa_masks_lookup_store_load), T(test_coord_create_refuses_bad_configs),
+          T(test_coord_matches_the_original_coordinator))
