@@ -195,8 +195,16 @@ static kvp_status_t build_cands(kvp_kv_lookup_pool_t *lk, size_t num_hashes, int
     bool partial = kvp__kv_coord_partial(lk->coord);
     kvp_status_t st = KVP_OK;
     lk->ncand = 0;
-    if (!partial && (st = kvp__kv_coord_lookup_mask(lk->coord, token_len, &lk->masks)) != KVP_OK)
-        return st;
+    if (!partial) {
+        /* The mask of chunk i does not depend on the length: it is asked
+         * only as far as the hashes go (rounded up to the alignment), so a
+         * huge num_tokens with few hashes costs no huge mask. */
+        int64_t a = lk->p.block_size, have = (int64_t)num_hashes * lk->p.hash_block_size;
+        int64_t len = (have + a - 1) / a * a;
+        st = kvp__kv_coord_lookup_mask(lk->coord, len < token_len ? len : token_len, &lk->masks);
+        if (st != KVP_OK)
+            return st;
+    }
     for (uint32_t g = 0; g < n; g++) {
         lk->gstart[g] = lk->ncand;
         if (partial) {
@@ -207,7 +215,7 @@ static kvp_status_t build_cands(kvp_kv_lookup_pool_t *lk, size_t num_hashes, int
         }
         int64_t bs = lk->groups[g].block_size;
         size_t chunks = num_hashes / (size_t)(bs / lk->p.hash_block_size);
-        size_t bytok = (size_t)((token_len + bs - 1) / bs);
+        size_t bytok = (size_t)(token_len / bs + (token_len % bs != 0));
         const kvp__kv_mask_t *m = &lk->masks.g[g];
         if (chunks > bytok)
             chunks = bytok;

@@ -623,6 +623,33 @@ TEST(test_pool_lookup_hybrid_full_and_sliding_window)
     close_lookup(pool, lk);
 }
 
+/* FA 64 + SWA 16 (window 32: 2 blocks) over hash 16, lcm 64: the lookup
+ * mask keeps the 2 SWA blocks before each 64 boundary (2,3,6,7), so only
+ * those are asked: FA chunks 0,1 (hashes 3, 7) and SWA blocks 2,3,6,7 = 6
+ * keys for 8 hashes.  FA 128; SWA at 128: 7 (edge 128), 6 -> 128.  A
+ * num_tokens far past the hashes asks the same 6 keys (the mask is only
+ * built as far as the hashes go). */
+TEST(test_pool_lookup_swa_probes_only_reachable_tails)
+{
+    kvp_kv_cache_group_t gs[] = {{KVP_KV_GROUP_FULL_ATTENTION, 64, false, 0, false},
+                                 {KVP_KV_GROUP_SLIDING_WINDOW, 16, false, 32, false}};
+    kvp_pool_t *pool;
+    kvp_kv_lookup_pool_t *lk;
+    open_groups(gs, 2, 64, 16, false, 1, 1, &pool, &lk);
+    put_hash(pool, 0, 3, 0), put_hash(pool, 0, 7, 0);
+    uint32_t swa[] = {2, 3, 6, 7};
+    for (int i = 0; i < 4; i++)
+        put_hash(pool, 1, swa[i], 0);
+    kvp_kv_lookup_result_t r = query(lk, 129, 8, true);
+    ASSERT_EQ(r.hit_tokens, 128);
+    ASSERT_EQ(r.keys_probed, 6);
+    ASSERT_EQ(r.reason, KVP_KV_MISS_NONE);
+    r = query(lk, 4000000000ll, 8, true);
+    ASSERT_EQ(r.hit_tokens, 128);
+    ASSERT_EQ(r.keys_probed, 6);
+    close_lookup(pool, lk);
+}
+
 /* FA 16 + Mamba 64 in align mode over hash blocks of 16 (scheduler block
  * 64): partial hits, every hash unit probed for both groups with the raw
  * hashes.  FA hashes 0..5, the Mamba state at unit 2 only; 100 tokens:
@@ -772,6 +799,7 @@ TEST_LIST(KVLC_LIST(REF) T(test_pool_lookup_params_scope_and_refusals),
           T(test_pool_lookup_scenario_9_last_token_recomputed),
           T(test_pool_lookup_scenario_10_every_tp_rank),
           T(test_pool_lookup_hybrid_full_and_sliding_window),
+          T(test_pool_lookup_swa_probes_only_reachable_tails),
           T(test_pool_lookup_mamba_align_partial_hits),
           T(test_pool_lookup_apply_eagle_drops_the_last_block),
           T(test_pool_lookup_miss_reasons_and_stats),
