@@ -44,6 +44,8 @@ static kvp__obj_t *do_tail_victim(kvp__shard_t *sh)
             o->flags &= (uint8_t)~KVP_OBJ_LOOKED;
             kvp__do_lru_touch(sh, o);
             moved++;
+            if (n == &sh->lru) /* every object walked had its chance: the tail again */
+                n = sh->lru.prev;
             continue;
         }
         if (atomic_load_explicit(&o->refs, memory_order_acquire) == 1)
