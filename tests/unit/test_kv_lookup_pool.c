@@ -790,6 +790,31 @@ TEST(test_pool_lookup_params_older_size_takes_defaults)
     close_lookup(pool, lk);
 }
 
+#include "kv_coord_ref_cases.h"
+
+/* Against the original worker: for every case of kv_coord_ref_cases.h
+ * (tests/integration/kv_coord_ref.py ran MooncakeStoreWorker.lookup over
+ * the same stored (group, hash) pairs, one namespace per group), the wire
+ * lookup with apply_eagle (the original's default) gives the same hit. */
+TEST(test_pool_lookup_matches_the_original_worker_lookup)
+{
+    size_t n = sizeof g_ref_cases / sizeof g_ref_cases[0];
+    for (size_t i = 0; i < n; i++) {
+        const kvcr_case_t *k = &g_ref_cases[i];
+        kvp_pool_t *pool;
+        kvp_kv_lookup_pool_t *lk;
+        open_groups(k->g, k->n, k->bs, k->hbs, k->use_eagle, 1, 1, &pool, &lk);
+        for (uint32_t g = 0; g < k->n; g++)
+            for (uint32_t h = 0; h < k->nh; h++)
+                if (k->pres[g][h] == '1')
+                    put_hash(pool, g, h, 0);
+        kvp_kv_lookup_result_t r = query(lk, k->num_tokens, k->nh, true);
+        ASSERT_MSG(r.hit_tokens == k->lookup_hit, "case %zu: hit %lld, the original %lld", i,
+                   (long long)r.hit_tokens, (long long)k->lookup_hit);
+        close_lookup(pool, lk);
+    }
+}
+
 #define REF(name) T(test_##name),
 TEST_LIST(KVLC_LIST(REF) T(test_pool_lookup_params_scope_and_refusals),
           T(test_pool_lookup_s23_exact_keys), T(test_pool_lookup_s23_prefix_is_a_namespace),
@@ -803,4 +828,5 @@ TEST_LIST(KVLC_LIST(REF) T(test_pool_lookup_params_scope_and_refusals),
           T(test_pool_lookup_mamba_align_partial_hits),
           T(test_pool_lookup_apply_eagle_drops_the_last_block),
           T(test_pool_lookup_miss_reasons_and_stats),
-          T(test_pool_lookup_params_older_size_takes_defaults))
+          T(test_pool_lookup_params_older_size_takes_defaults),
+          T(test_pool_lookup_matches_the_original_worker_lookup))
