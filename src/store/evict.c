@@ -26,15 +26,31 @@
 
 #define SAMPLE 8u
 #define TAIL_WALK 8u
+#define SECOND_CHANCES 64u
 
-/* The coldest evictable object near the shard's LRU tail, or NULL. */
+/* The coldest evictable object near the shard's LRU tail, or NULL.  A tail
+ * object a lookup has found since (KVP_OBJ_LOOKED, store.c exists_hashed)
+ * gets its second chance: unmarked and moved to the head, as a get would
+ * have moved it, without counting as a step of the walk (at most
+ * SECOND_CHANCES per call, so a shard of marked objects costs bounded work;
+ * past that they are taken as they come). */
 static kvp__obj_t *do_tail_victim(kvp__shard_t *sh)
 {
     kvp__list_t *n = sh->lru.prev;
-    for (uint32_t i = 0; n != &sh->lru && i < TAIL_WALK; i++, n = n->prev) {
+    for (uint32_t i = 0, moved = 0; n != &sh->lru && i < TAIL_WALK;) {
         kvp__obj_t *o = KVP_CONTAINER_OF(n, kvp__obj_t, lru);
+        n = n->prev;
+        if ((o->flags & KVP_OBJ_LOOKED) && moved < SECOND_CHANCES) {
+            o->flags &= (uint8_t)~KVP_OBJ_LOOKED;
+            kvp__do_lru_touch(sh, o);
+            moved++;
+            if (n == &sh->lru) /* every object walked had its chance: the tail again */
+                n = sh->lru.prev;
+            continue;
+        }
         if (atomic_load_explicit(&o->refs, memory_order_acquire) == 1)
             return o;
+        i++;
     }
     return NULL;
 }

@@ -395,13 +395,23 @@ static inline void prefetch_obj(kvp__store_t *s, uint64_t h)
     kvp__spin_unlock(&sh->lock);
 }
 
+/* A batch lookup (exists, prefix) refreshes the recency of what it finds:
+ * a block the KV lookup service just found is about to be loaded, so it
+ * should be the last to be evicted (issue 13).  No lease is taken, so
+ * eviction is never blocked by a lookup.  The refresh is a second-chance
+ * mark (KVP_OBJ_LOOKED, set in the object line the find has just read;
+ * evict.c moves a marked tail to the head instead of evicting it), not an
+ * LRU splice: a splice writes the two neighbours' lines, which a batch has
+ * not prefetched, and halved exists throughput (kvpool bench --op exists). */
 static int exists_hashed(kvp__store_t *s, uint64_t h, const kvp_key_t *k)
 {
     kvp__shard_t *sh = kvp__shard_of(s, h);
     kvp__spin_lock(&sh->lock);
-    int found = kvp__do_find(sh, h, k->data, k->len) != NULL;
+    kvp__obj_t *o = kvp__do_find(sh, h, k->data, k->len);
+    if (o && !(o->flags & KVP_OBJ_LOOKED))
+        o->flags |= KVP_OBJ_LOOKED;
     kvp__spin_unlock(&sh->lock);
-    return found;
+    return o != NULL;
 }
 
 /* Runs the pipeline over keys[0..n); stops at the first absent key when

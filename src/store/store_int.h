@@ -18,6 +18,9 @@
 #include "store/tlsf.h"
 
 #define KVP_OBJ_PINNED 0x1u
+/* Found by a lookup (exists / prefix) since it last left the LRU tail:
+ * eviction gives it a second chance (evict.c). */
+#define KVP_OBJ_LOOKED 0x2u
 
 /* One committed object (or, before commit, the object a reservation will
  * become).  56 bytes + key: with the bucket slot this keeps the index under

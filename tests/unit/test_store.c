@@ -265,7 +265,13 @@ TEST(test_store_get_short_buffer_reports_size)
     kvp__store_destroy(s);
 }
 
-TEST(test_store_eviction_between_watermarks_lru_order)
+/* How obj00000 .. obj00009 are touched (a get, or a batch lookup). */
+typedef void (*touch_fn)(kvp__store_t *s, const kvp_key_t *keys, size_t n);
+
+/* Fills s to just under its high watermark, touches the first 10 objects
+ * with touch, then pushes past the watermark: eviction frees down to the low
+ * one, and the 10 touched objects (the oldest puts) must survive it. */
+static void check_touched_survive_eviction(touch_fn touch)
 {
     uint64_t cap = 4 << 20;
     kvp__store_t *s = make_store(cap, 0);
@@ -287,12 +293,13 @@ TEST(test_store_eviction_between_watermarks_lru_order)
     /* Touch the first 10 objects: they become the most recently used. */
     struct timespec ts = {0, 3 * 1000 * 1000};
     nanosleep(&ts, NULL); /* access times are ~1 ms ticks */
-    char buf[16384];
-    uint64_t size;
+    char names[10][16];
+    kvp_key_t keys[10];
     for (int i = 0; i < 10; i++) {
-        snprintf(key, sizeof key, "obj%05d", i);
-        ASSERT_OK(get_str(s, key, buf, sizeof buf, &size));
+        snprintf(names[i], sizeof names[i], "obj%05d", i);
+        keys[i] = kvp_key_str(names[i]);
     }
+    touch(s, keys, 10);
     nanosleep(&ts, NULL);
     /* Push past the high watermark: eviction frees down to the low one. */
     for (int i = 0; i < 4; i++) {
@@ -300,16 +307,83 @@ TEST(test_store_eviction_between_watermarks_lru_order)
         ASSERT_OK(put_str(s, key, val, 16384, &f));
     }
     kvp__store_stats(s, &st);
-    ASSERT_GT(st.evicted, 0);
+    ASSERT_GT(st.evicted, 10); /* more than the 10: without the touch they would go */
     ASSERT_LE(st.used_bytes, st.high_watermark_bytes);
     ASSERT_LE(st.used_bytes - 4 * kvp__tlsf_footprint(16384), st.low_watermark_bytes);
-    /* The recently read objects survived; the cold ones went first. */
-    for (int i = 0; i < 10; i++) {
-        snprintf(key, sizeof key, "obj%05d", i);
-        ASSERT_MSG(kvp__store_exists(s, key, (uint32_t)strlen(key)), "hot object %s was evicted", key);
-    }
+    /* The recently touched objects survived; the cold ones went first. */
+    for (int i = 0; i < 10; i++)
+        ASSERT_MSG(kvp__store_exists(s, names[i], (uint32_t)strlen(names[i])),
+                   "hot object %s was evicted", names[i]);
     assert_identity(s);
     free(val);
+    kvp__store_destroy(s);
+}
+
+static void touch_by_get(kvp__store_t *s, const kvp_key_t *keys, size_t n)
+{
+    char buf[16384];
+    kvp_iov_t iov = {buf, sizeof buf};
+    kvp_sgl_t sgl = {&iov, 1};
+    uint64_t size;
+    for (size_t i = 0; i < n; i++)
+        ASSERT_OK(kvp__store_get(s, keys[i].data, keys[i].len, &sgl, sizeof buf, &size));
+}
+
+TEST(test_store_eviction_between_watermarks_lru_order)
+{
+    check_touched_survive_eviction(touch_by_get);
+}
+
+/* Lookups refresh recency (no lease: eviction is never blocked): the first 5
+ * through an exists batch, the next 5 through a prefix batch. */
+static void touch_by_lookup(kvp__store_t *s, const kvp_key_t *keys, size_t n)
+{
+    uint8_t present[10];
+    ASSERT(n == 10);
+    kvp__store_exists_batch(s, keys, 5, present);
+    for (int i = 0; i < 5; i++)
+        ASSERT(present[i]);
+    ASSERT_EQ(kvp__store_prefix(s, keys + 5, 5), 5);
+}
+
+TEST(test_store_lookup_refreshes_recency_so_looked_up_objects_outlive_eviction)
+{
+    check_touched_survive_eviction(touch_by_lookup);
+}
+
+/* No lease: a store whose every object a lookup has found still evicts
+ * (the second chances are bounded per victim; nothing is pinned by them). */
+TEST(test_store_lookups_never_block_eviction)
+{
+    kvp__store_t *s = make_store(4 << 20, 0);
+    char *val = calloc(1, 16384);
+    char(*names)[16] = calloc(1024, sizeof *names);
+    kvp_key_t *keys = calloc(1024, sizeof *keys);
+    uint8_t *present = calloc(1024, 1);
+    ASSERT(val && names && keys && present);
+    kvp_pool_stats_t st;
+    uint32_t f;
+    int n = 0;
+    for (; n < 1024; n++) {
+        kvp__store_stats(s, &st);
+        if (st.used_bytes + 2 * kvp__tlsf_footprint(16384) > st.high_watermark_bytes)
+            break;
+        snprintf(names[n], sizeof names[n], "obj%05d", n);
+        keys[n] = kvp_key_str(names[n]);
+        ASSERT_OK(put_str(s, names[n], val, 16384, &f));
+    }
+    kvp__store_exists_batch(s, keys, (size_t)n, present);
+    ASSERT_EQ(kvp__store_prefix(s, keys, (size_t)n), (size_t)n);
+    for (int i = 0; i < 8; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "new%05d", i);
+        ASSERT_OK(put_str(s, key, val, 16384, &f));
+    }
+    kvp__store_stats(s, &st);
+    ASSERT_GT(st.evicted, 0);
+    ASSERT_LE(st.used_bytes, st.high_watermark_bytes);
+    assert_identity(s);
+    free(val), free(names), free(keys), free(present);
     kvp__store_destroy(s);
 }
 
@@ -560,6 +634,8 @@ TEST_LIST(T(test_store_memfd_arena_is_sealed), T(test_store_lease_count_never_wr
           T(test_store_put_timeout_reclaims_unheld_reservation), T(test_store_abort_frees_space),
           T(test_store_put_existing_is_idempotent), T(test_store_get_short_buffer_reports_size),
           T(test_store_eviction_between_watermarks_lru_order),
+          T(test_store_lookup_refreshes_recency_so_looked_up_objects_outlive_eviction),
+          T(test_store_lookups_never_block_eviction),
           T(test_store_pinned_never_evicted_and_no_space),
           T(test_store_lease_survives_remove_and_reset),
           T(test_store_exists_takes_no_lease_and_no_lru_touch), T(test_store_prefix_early_exit),
