@@ -25,10 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "commands.h"
 #include <unistd.h>
 
+#include "commands.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "kvpool/hash.h"

@@ -7,9 +7,11 @@
  * Callers never touch the socket: they queue a job and, unless non_block
  * says not to, wait for it.  A job's life is
  *
- *     QUEUED --(the I/O thread takes it)--> RUNNING --(reply/error)--> DONE
+ *     NEW -> QUEUED --(the I/O thread takes it)--> RUNNING --(reply/error)--> DONE
+ *                  \--(discarded)--> CANCELLED
  *
- * set only by job_set_state() under the client's mutex.  LOOKUP jobs are kept
+ * set only by job_set_state() under the client's mutex (NEW -> RUNNING: a
+ * blocking caller runs it itself, below).  LOOKUP jobs are kept
  * in `table` by request id (the original's futures dict): the first call for
  * an id queues one, later calls find it and ignore their arguments; the call
  * that sees it DONE takes the answer and deletes it.  discard() removes the
@@ -17,6 +19,15 @@
  * RUNNING one cannot be stopped mid-RPC (neither can a running Python
  * future), so it is marked `orphan` and the I/O thread frees it when done.
  * RESET and one-off queries are jobs outside the table, waited for at once.
+ *
+ * A caller that would only wait (a blocking lookup, a query, a reset) runs
+ * its RPC itself when the socket is idle and nothing is queued: the socket
+ * is still used by one thread at a time (`busy`, under the mutex, which
+ * also orders the socket's memory between threads, as libzmq requires of a
+ * socket that changes threads), and the RPC saves the two thread hand-offs
+ * (to the I/O thread and back) that cost about as much as the round trip
+ * itself on a small machine.  Requests for one id come from one thread (the
+ * scheduler's), as in the original.
  *
  * Deadlines.  Every RPC has timeout_ms for send and receive together (poll).
  * REQ is a strict send/receive state machine, so after a timeout or an error
@@ -32,6 +43,7 @@
 #include <zmq.h>
 
 #include "common/alloc.h"
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/strmap.h"
@@ -39,7 +51,7 @@
 #include "kvpool/kv_connector.h"
 
 typedef enum { JOB_LOOKUP, JOB_QUERY, JOB_RESET } job_kind_t;
-typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE } job_state_t;
+typedef enum { JOB_NEW, JOB_QUEUED, JOB_RUNNING, JOB_DONE, JOB_CANCELLED } job_state_t;
 
 typedef struct job {
     job_kind_t kind;
@@ -71,17 +83,34 @@ struct kvp_kv_lookup_zmq {
     job_t *head, *tail;   /* QUEUED jobs, FIFO */
     kvp__strmap_t table;  /* req id -> LOOKUP job */
     bool stopping;
+    bool busy;            /* an RPC is running (see execute) */
     uint64_t inflight;    /* LOOKUP/QUERY jobs QUEUED or RUNNING */
     _Atomic uint64_t lookups, errors, timeouts, reconnects;
 };
 
 /* ------------------------------------------------------------------- jobs */
 
-/* The one setter of a job's state (client mutex held). */
+/* The one setter of a job's state (client mutex held); it also keeps the
+ * count of lookups in flight (leaving NEW: one more; reaching DONE or
+ * CANCELLED: one less).  The legal moves:
+ *   NEW -> QUEUED | RUNNING (run in the caller),  QUEUED -> RUNNING | CANCELLED,
+ *   RUNNING -> DONE. */
 static void job_set_state(kvp_kv_lookup_zmq_t *c, job_t *j, job_state_t to)
 {
-    if (to == JOB_DONE && j->kind != JOB_RESET)
-        c->inflight--;
+    static const unsigned legal[] = {
+        [JOB_NEW] = 1u << JOB_QUEUED | 1u << JOB_RUNNING,
+        [JOB_QUEUED] = 1u << JOB_RUNNING | 1u << JOB_CANCELLED,
+        [JOB_RUNNING] = 1u << JOB_DONE,
+        [JOB_DONE] = 0,
+        [JOB_CANCELLED] = 0,
+    };
+    kvp__assert(legal[j->state] & 1u << to);
+    if (j->kind != JOB_RESET) {
+        if (j->state == JOB_NEW)
+            c->inflight++;
+        if (to == JOB_DONE || to == JOB_CANCELLED)
+            c->inflight--;
+    }
     j->state = to;
 }
 
@@ -96,15 +125,13 @@ static void job_free(job_t *j)
 
 static void enqueue(kvp_kv_lookup_zmq_t *c, job_t *j)
 {
-    j->state = JOB_QUEUED;
+    job_set_state(c, j, JOB_QUEUED);
     j->next = NULL;
     if (c->tail)
         c->tail->next = j;
     else
         c->head = j;
     c->tail = j;
-    if (j->kind != JOB_RESET)
-        c->inflight++;
     pthread_cond_signal(&c->work);
 }
 
@@ -120,7 +147,7 @@ static void unqueue(kvp_kv_lookup_zmq_t *c, job_t *j)
     *pp = j->next;
     if (c->tail == j)
         c->tail = prev;
-    c->inflight--;
+    job_set_state(c, j, JOB_CANCELLED);
 }
 
 /* A LOOKUP/QUERY job of the request's wire frames; NULL when they cannot be
@@ -257,12 +284,45 @@ static kvp_status_t rpc(kvp_kv_lookup_zmq_t *c, job_t *j)
     return st;
 }
 
+/* Runs j's RPC: entered and left with the mutex held, released meanwhile.
+ * `busy` keeps the socket to one RPC at a time, whichever thread runs it. */
+static void execute(kvp_kv_lookup_zmq_t *c, job_t *j)
+{
+    c->busy = true;
+    job_set_state(c, j, JOB_RUNNING);
+    pthread_mutex_unlock(&c->mu);
+    kvp_status_t st = rpc(c, j);
+    if (j->kind != JOB_RESET)
+        atomic_fetch_add_explicit(&c->lookups, 1, memory_order_relaxed);
+    if (st != KVP_OK)
+        atomic_fetch_add_explicit(&c->errors, 1, memory_order_relaxed);
+    pthread_mutex_lock(&c->mu);
+    j->st = st;
+    c->busy = false;
+    job_set_state(c, j, JOB_DONE);
+    pthread_cond_broadcast(&c->done);
+    if (c->head)
+        pthread_cond_signal(&c->work);
+}
+
+/* Queues j for the I/O thread -- or, for a caller that would only wait for
+ * it, runs it here when the socket is idle and nothing is queued (see the
+ * top: two thread hand-offs fewer per blocking RPC).  Mutex held. */
+static void submit(kvp_kv_lookup_zmq_t *c, job_t *j, bool may_inline)
+{
+    if (!may_inline || c->busy || c->head) {
+        enqueue(c, j);
+        return;
+    }
+    execute(c, j);
+}
+
 static void *io_main(void *arg)
 {
     kvp_kv_lookup_zmq_t *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->head && !c->stopping)
+        while ((!c->head || c->busy) && !c->stopping)
             pthread_cond_wait(&c->work, &c->mu);
         if (!c->head)
             break; /* stopping, nothing left */
@@ -270,19 +330,9 @@ static void *io_main(void *arg)
         c->head = j->next;
         if (!c->head)
             c->tail = NULL;
-        job_set_state(c, j, JOB_RUNNING);
-        pthread_mutex_unlock(&c->mu);
-        kvp_status_t st = rpc(c, j);
-        if (j->kind != JOB_RESET)
-            atomic_fetch_add_explicit(&c->lookups, 1, memory_order_relaxed);
-        if (st != KVP_OK)
-            atomic_fetch_add_explicit(&c->errors, 1, memory_order_relaxed);
-        pthread_mutex_lock(&c->mu);
-        j->st = st;
-        job_set_state(c, j, JOB_DONE);
+        execute(c, j);
         if (j->orphan)
             job_free(j);
-        pthread_cond_broadcast(&c->done);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -322,7 +372,12 @@ static kvp_status_t zmq_lookup(void *ctx, const kvp_kv_request_t *req, bool non_
                 job_free(j);
             return KVP_OK; /* a hit of 0 (logged, or out of memory) */
         }
-        enqueue(c, j);
+        submit(c, j, !non_block);
+        if (j->orphan) { /* discarded by another thread while it ran here */
+            pthread_mutex_unlock(&c->mu);
+            job_free(j);
+            return KVP_OK;
+        }
     }
     if (non_block && j->state != JOB_DONE) {
         pthread_mutex_unlock(&c->mu);
@@ -362,7 +417,7 @@ static void zmq_discard(void *ctx, const char *req_id)
 static void run_job(kvp_kv_lookup_zmq_t *c, job_t *j)
 {
     pthread_mutex_lock(&c->mu);
-    enqueue(c, j);
+    submit(c, j, true);
     wait_done(c, j);
     pthread_mutex_unlock(&c->mu);
 }

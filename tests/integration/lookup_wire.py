@@ -23,6 +23,7 @@ env: KVP_BIN.  Last line "N passed, M failed"; exit 0 only if all passed.
 import os
 import subprocess
 import sys
+import tempfile
 
 import zmq
 
@@ -83,10 +84,13 @@ def run_client(ep, pool):
     a = tokens(10 * BS + 1, 1000)
     b = tokens(10 * BS + 1, 5000)
     ha, hb = hashes_of(a), hashes_of(b)
-    for i, h in enumerate(ha + hb):
-        if i == 10 + 6:  # request b's block 6 is missing
-            continue
-        subprocess.run([KVP, "put", pool, store_key(h), "/etc/hostname"], check=True)
+    with tempfile.NamedTemporaryFile() as value:
+        value.write(b"kv block")
+        value.flush()
+        for i, h in enumerate(ha + hb):
+            if i == 10 + 6:  # request b's block 6 is missing
+                continue
+            subprocess.run([KVP, "put", pool, store_key(h), value.name], check=True)
     check("all_present", hit(good, len(a), ha) == 160)
     check("last_token_recomputed", hit(good, 160, ha) == 144)
     check("hole_stops_the_run", hit(good, len(b), hb) == 96)

@@ -72,9 +72,10 @@ echo "--- the C client against a Python REP server"
 check python_rep_server $PY "$SRC/tests/integration/lookup_wire.py" server "$T"
 
 echo "--- fault: the lookup server killed and restarted under a client"
-TOKS=$(seq -s ' ' 100 131)  # 32 tokens: 2 blocks of 16
+TOKS=$(seq -s ' ' 100 131)
+echo "kv block" >"$T/value"  # 32 tokens: 2 blocks of 16
 for h in $("$KVP" hash --seed 0 --block-size 16 $TOKS); do
-    "$KVP" put "$POOL" "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@$h" /etc/hostname
+    "$KVP" put "$POOL" "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@$h" "$T/value"
 done
 # fault NAME EP: a client keeps lookups going at EP while the server there is
 # killed and restarted at the same endpoint.  Each client line: HIT MS.  Hits
@@ -117,6 +118,13 @@ EP3="ipc://$T/live"
 start_ls "$EP3" "$T/ls4.out"
 check live_socket_not_stolen sh -c "! '$KVP' lookup-server --pool '$POOL' --endpoint '$EP3' --model m --block-size 16 >/dev/null 2>&1"
 check live_socket_still_answers sh -c "[ \"\$('$KVP' lookup '$EP3' --seed 0 --block-size 16 $TOKS 7)\" = 32 ]"
+kill -TERM "$LS_PID"
+# answers within a second of starting: a lookup sent as it starts is answered
+"$KVP" lookup-server --pool 'embedded://?capacity=4MiB' --endpoint "ipc://$T/quick" --model m \
+    --block-size 16 >/dev/null 2>&1 &
+LS_PID=$!
+PIDS="$PIDS $LS_PID"
+check answers_within_1s_of_start sh -c "[ \"\$('$KVP' lookup 'ipc://$T/quick' --timeout-ms 1000 --seed 0 --block-size 16 $TOKS)\" = 0 ]"
 kill -TERM "$LS_PID"
 check tcp_wildcard_refused sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint 'tcp://0.0.0.0:0' --model m --block-size 16 >/dev/null 2>&1; [ \$? -eq 2 ]"
 check groups_bad_kind_exit_2 sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint '$EP3' --model m --block-size 16 --groups 'full:16,attn:16' 2>/dev/null; [ \$? -eq 2 ]"
