@@ -126,6 +126,13 @@ LS_PID=$!
 PIDS="$PIDS $LS_PID"
 check answers_within_1s_of_start sh -c "[ \"\$('$KVP' lookup 'ipc://$T/quick' --timeout-ms 1000 --seed 0 --block-size 16 $TOKS)\" = 0 ]"
 kill -TERM "$LS_PID"
+# --groups: one full-attention group spelled out is the default's equal
+"$KVP" lookup-server --pool 'embedded://?capacity=4MiB' --endpoint "ipc://$T/groups" --model m \
+    --block-size 16 --groups full:16 >"$T/groups.out" 2>&1 &
+LS_PID=$!
+PIDS="$PIDS $LS_PID"
+check groups_full_16_listens wait_line "$T/groups.out" '^listening on '
+kill -TERM "$LS_PID"
 check tcp_wildcard_refused sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint 'tcp://0.0.0.0:0' --model m --block-size 16 >/dev/null 2>&1; [ \$? -eq 2 ]"
 check groups_bad_kind_exit_2 sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint '$EP3' --model m --block-size 16 --groups 'full:16,attn:16' 2>/dev/null; [ \$? -eq 2 ]"
 check groups_swa_needs_window_exit_2 sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint '$EP3' --model m --block-size 16 --groups 'swa:16' 2>/dev/null; [ \$? -eq 2 ]"
