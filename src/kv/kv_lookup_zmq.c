@@ -150,20 +150,23 @@ static void unqueue(kvp_kv_lookup_zmq_t *c, job_t *j)
     job_set_state(c, j, JOB_CANCELLED);
 }
 
-/* A LOOKUP/QUERY job of the request's wire frames; NULL when they cannot be
- * sent (logged) or out of memory. */
-static job_t *lookup_job(job_kind_t kind, const char *id, int64_t num_tokens,
-                         const uint8_t *hashes, size_t num_hashes, uint32_t hash_len)
+/* A LOOKUP/QUERY job of the request's wire frames into *j_p: KVP_OK;
+ * KVP_ERR_INVALID_ARG when they do not fit the wire (logged);
+ * KVP_ERR_NO_MEMORY. */
+static kvp_status_t lookup_job(job_kind_t kind, const char *id, int64_t num_tokens,
+                               const uint8_t *hashes, size_t num_hashes, uint32_t hash_len,
+                               job_t **j_p)
 {
+    *j_p = NULL;
     if (num_tokens < 0 || num_tokens > (int64_t)UINT32_MAX || hash_len > UINT16_MAX ||
         (num_hashes && !hashes) || num_hashes > SIZE_MAX / (hash_len ? hash_len : 1)) {
         kvp_warn_rl("kv lookup client: %s: %lld tokens, %zu hashes of %u bytes do not fit the wire",
                     id ? id : "query", (long long)num_tokens, num_hashes, hash_len);
-        return NULL;
+        return KVP_ERR_INVALID_ARG;
     }
     job_t *j = kvp__calloc(1, sizeof *j);
     if (!j)
-        return NULL;
+        return KVP_ERR_NO_MEMORY;
     j->kind = kind;
     j->hashes_len = hash_len ? num_hashes * hash_len : 0;
     if (id) {
@@ -176,13 +179,14 @@ static job_t *lookup_job(job_kind_t kind, const char *id, int64_t num_tokens,
         j->hashes = kvp__malloc(j->hashes_len);
     if ((id && !j->id) || (j->hashes_len && !j->hashes)) {
         job_free(j);
-        return NULL;
+        return KVP_ERR_NO_MEMORY;
     }
     if (j->hashes_len)
         memcpy(j->hashes, hashes, j->hashes_len);
     kvp__lw_put_u32(j->hdr, (uint32_t)num_tokens);
     kvp__lw_put_u16(j->hdr + 4, (uint16_t)hash_len);
-    return j;
+    *j_p = j;
+    return KVP_OK;
 }
 
 /* ------------------------------------------------------------- the socket */
@@ -364,8 +368,8 @@ static kvp_status_t zmq_lookup(void *ctx, const kvp_kv_request_t *req, bool non_
                         req->req_id, c->max_inflight);
             return KVP_OK;
         }
-        j = lookup_job(JOB_LOOKUP, req->req_id, req->num_tokens, req->block_hashes,
-                       req->hash_len ? req->num_block_hashes : 0, req->hash_len);
+        lookup_job(JOB_LOOKUP, req->req_id, req->num_tokens, req->block_hashes,
+                   req->hash_len ? req->num_block_hashes : 0, req->hash_len, &j);
         if (!j || kvp__strmap_put(&c->table, j->id, j->id_len, j) != KVP_OK) {
             pthread_mutex_unlock(&c->mu);
             if (j)
@@ -450,11 +454,13 @@ kvp_status_t kvp_kv_lookup_zmq_query(kvp_kv_lookup_zmq_t *c, int64_t num_tokens,
 {
     if (!c || !hit_p)
         return KVP_ERR_NULL_POINTER;
-    job_t *j = lookup_job(JOB_QUERY, NULL, num_tokens, hashes, hash_len ? num_hashes : 0, hash_len);
-    if (!j)
-        return KVP_ERR_INVALID_ARG;
+    job_t *j;
+    kvp_status_t st = lookup_job(JOB_QUERY, NULL, num_tokens, hashes, hash_len ? num_hashes : 0,
+                                 hash_len, &j);
+    if (st != KVP_OK)
+        return st;
     run_job(c, j);
-    kvp_status_t st = j->st;
+    st = j->st;
     if (st == KVP_OK)
         *hit_p = j->hit;
     job_free(j);

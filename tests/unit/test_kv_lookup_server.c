@@ -175,6 +175,33 @@ TEST(test_lookup_hits_match_pool_query_over_tcp_port_0_resolved)
     fx_close(&f);
 }
 
+/* A request the wire cannot carry (num_tokens over u32, a hash_len over
+ * u16) is not sent: the query says KVP_ERR_INVALID_ARG, the lookup op a hit
+ * of 0; the server saw nothing. */
+TEST(test_request_not_fitting_the_wire_is_a_hit_of_0)
+{
+    fx_t f;
+    fx_open(&f, NULL, NB, -1);
+    int64_t hit = -1;
+    ASSERT_EQ(kvp_kv_lookup_zmq_query(f.cli, (int64_t)UINT32_MAX + 1, f.hashes, NB, HL, &hit),
+              KVP_ERR_INVALID_ARG);
+    ASSERT_EQ(kvp_kv_lookup_zmq_query(f.cli, -1, f.hashes, NB, HL, &hit), KVP_ERR_INVALID_ARG);
+    kvp_kv_lookup_client_t c = kvp_kv_lookup_zmq_client(f.cli);
+    kvp_kv_request_t r = req_of(&f, "big", (int64_t)UINT32_MAX + 1, NB);
+    ASSERT_OK(c.ops->lookup(c.ctx, &r, false, &hit));
+    ASSERT_EQ(hit, 0);
+    r = req_of(&f, "wide", NB * BS + 1, 1);
+    r.hash_len = 70000;
+    ASSERT_OK(c.ops->lookup(c.ctx, &r, false, &hit));
+    ASSERT_EQ(hit, 0);
+    kvp_kv_lookup_server_stats_t ss;
+    kvp_kv_lookup_server_stats(f.srv, &ss);
+    ASSERT_EQ(ss.requests, 0);
+    ASSERT_EQ(kvp_kv_lookup_zmq_query(f.cli, NB * BS + 1, f.hashes, NB, HL, &hit), KVP_OK);
+    ASSERT_EQ(hit, NB * BS);
+    fx_close(&f);
+}
+
 /* ---------------------------------------------------- a scripted REP peer */
 
 /* A raw REP socket that answers every request with `reply` (reply_len
@@ -857,6 +884,7 @@ TEST(test_metrics_prometheus_text)
 
 TEST_LIST(T(test_lookup_hits_match_pool_query_over_ipc),
           T(test_lookup_hits_match_pool_query_over_tcp_port_0_resolved),
+          T(test_request_not_fitting_the_wire_is_a_hit_of_0),
           T(test_inflight_lookup_reused_per_request_id), T(test_non_block_inprogress_until_reply),
           T(test_discard_cancels_queued_and_forgets_running),
           T(test_max_inflight_beyond_is_a_hit_of_0),
