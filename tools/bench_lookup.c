@@ -177,7 +177,8 @@ static const uint8_t g_hdr_hl[2] = {0, HL};
 static int bare_rtt(lb_t *b, const uint8_t nt[4])
 {
     uint8_t out[8];
-    if (zmq_send(b->req, "lookup", 6, ZMQ_SNDMORE) < 0 || zmq_send(b->req, nt, 4, ZMQ_SNDMORE) < 0 ||
+    if (zmq_send(b->req, "lookup", 6, ZMQ_SNDMORE) < 0 ||
+        zmq_send(b->req, nt, 4, ZMQ_SNDMORE) < 0 ||
         zmq_send(b->req, g_hdr_hl, 2, ZMQ_SNDMORE) < 0 ||
         zmq_send(b->req, b->hashes, (size_t)b->blocks * HL, 0) < 0)
         return -1;

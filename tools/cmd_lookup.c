@@ -306,7 +306,8 @@ static void lookup_usage(FILE *out)
 static int hash_tokens(const lk_opts_t *o, int argc, char **argv, int first, int64_t **tokens_p,
                        size_t *ntok_p, uint8_t **hashes_p, size_t *nh_p, uint32_t *hlen_p)
 {
-    size_t ntok = (size_t)(argc - first), bs = o->hash_block_size ? o->hash_block_size : o->block_size;
+    size_t ntok = (size_t)(argc - first);
+    size_t bs = o->hash_block_size ? o->hash_block_size : o->block_size;
     int64_t *tok = kvp__calloc(ntok ? ntok : 1, sizeof *tok);
     size_t nb = ntok / bs;
     kvp_hash_t *h = kvp__calloc(nb ? nb : 1, sizeof *h);
@@ -429,7 +430,8 @@ int kvp_cmd_lookup(int argc, char **argv)
             return 2;
         if (r == 1)
             continue;
-        if (!o.endpoint && !o.pool && (!strncmp(argv[i], "ipc://", 6) || !strncmp(argv[i], "tcp://", 6))) {
+        bool ep = !strncmp(argv[i], "ipc://", 6) || !strncmp(argv[i], "tcp://", 6);
+        if (ep && !o.endpoint && !o.pool) {
             o.endpoint = argv[i];
             continue;
         }

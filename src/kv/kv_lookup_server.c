@@ -196,7 +196,8 @@ static kvp_status_t ipc_bind(kvp_kv_lookup_server_t *s, const char *path)
 
 static bool is_wildcard(const char *host)
 {
-    static const char *const wild[] = {"", "*", "0.0.0.0", "::", "[::]", "[*]", "[0:0:0:0:0:0:0:0]"};
+    static const char *const wild[] = {"",     "*",   "0.0.0.0", "::",
+                                       "[::]", "[*]", "[0:0:0:0:0:0:0:0]"};
     for (size_t i = 0; i < sizeof wild / sizeof wild[0]; i++)
         if (strcmp(host, wild[i]) == 0)
             return true;
@@ -498,8 +499,8 @@ static void mout(mbuf_t *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(b->len < b->cap ? b->buf + b->len : NULL, b->len < b->cap ? b->cap - b->len : 0,
-                      fmt, ap);
+    bool room = b->len < b->cap;
+    int n = vsnprintf(room ? b->buf + b->len : NULL, room ? b->cap - b->len : 0, fmt, ap);
     va_end(ap);
     if (n > 0)
         b->len += (size_t)n;

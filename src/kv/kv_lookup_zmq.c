@@ -273,7 +273,8 @@ static kvp_status_t rpc(kvp_kv_lookup_zmq_t *c, job_t *j)
     } else if (st == KVP_OK) {
         const uint8_t *d = zmq_msg_data(&m);
         size_t n = zmq_msg_size(&m);
-        st = j->kind == JOB_RESET ? kvp__lw_decode_ack(d, n, &j->ack) : kvp__lw_decode_hit(d, n, &j->hit);
+        st = j->kind == JOB_RESET ? kvp__lw_decode_ack(d, n, &j->ack)
+                                  : kvp__lw_decode_hit(d, n, &j->hit);
     }
     if (st == KVP_ERR_DECODE)
         kvp_warn_rl("kv lookup client: %s: bad reply of %zu bytes", c->endpoint, zmq_msg_size(&m));

@@ -141,7 +141,8 @@ static void check_hits_match(fx_t *f)
     kvp_kv_lookup_client_t c = kvp_kv_lookup_zmq_client(f->cli);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int64_t want = expected(f, cases[i].tokens, cases[i].nh), hit = -1;
-        ASSERT_OK(kvp_kv_lookup_zmq_query(f->cli, cases[i].tokens, f->hashes, cases[i].nh, HL, &hit));
+        ASSERT_OK(
+            kvp_kv_lookup_zmq_query(f->cli, cases[i].tokens, f->hashes, cases[i].nh, HL, &hit));
         ASSERT_EQ(hit, want);
         kvp_kv_request_t r = req_of(f, "r", cases[i].tokens, cases[i].nh);
         hit = -1;
