@@ -176,6 +176,55 @@ TEST(test_lookup_hits_match_pool_query_over_tcp_port_0_resolved)
     fx_close(&f);
 }
 
+/* The scheduler plugged into the ZeroMQ client (K3-K5, K18 over the wire):
+ * the same answers as over the in-process lookup, blocking and async (where
+ * "not known yet" is -1 until the reply is in); reset_store empties the pool
+ * through the server. */
+TEST(test_scheduler_over_zmq_client)
+{
+    fx_t f;
+    fx_open(&f, NULL, NB, 4);
+    int64_t toks[NB * BS];
+    for (int i = 0; i < NB * BS; i++)
+        toks[i] = i;
+    kvp_kv_request_t req = {"r1", NB * BS, 0, toks, NB * BS, f.hashes, NB, HL};
+    for (int async = 0; async < 2; async++) {
+        kvp_kv_config_t cfg;
+        kvp_kv_config_init(&cfg);
+        cfg.model_name = "m";
+        cfg.lookup_async = async;
+        kvp_kv_sched_t *s;
+        ASSERT_OK(kvp_kv_sched_create(&cfg, kvp_kv_lookup_zmq_client(f.cli), &s));
+        int64_t num = -1;
+        bool la;
+        for (int i = 0; i < 3000; i++) {
+            ASSERT_OK(kvp_kv_sched_get_num_new_matched_tokens(s, &req, 0, &num, &la));
+            if (num != -1)
+                break;
+            ASSERT(async);
+            usleep(1000);
+        }
+        ASSERT_EQ(num, 4 * BS); /* blocks 0-3, block 4 missing */
+        ASSERT_OK(kvp_kv_sched_get_num_new_matched_tokens(s, &req, BS, &num, &la));
+        if (async)
+            for (int i = 0; i < 3000 && num == -1; i++) {
+                usleep(1000);
+                ASSERT_OK(kvp_kv_sched_get_num_new_matched_tokens(s, &req, BS, &num, &la));
+            }
+        ASSERT_EQ(num, 3 * BS); /* K4: minus what vLLM computed */
+        if (async) {
+            bool ok = false;
+            ASSERT_OK(kvp_kv_sched_reset_store(s, &ok));
+            ASSERT(ok);
+            kvp_pool_stats_t ps;
+            ASSERT_OK(kvp_pool_stats(f.pool, &ps));
+            ASSERT_EQ(ps.live, 0);
+        }
+        kvp_kv_sched_destroy(s);
+    }
+    fx_close(&f);
+}
+
 /* A request the wire cannot carry (num_tokens over u32, a hash_len over
  * u16) is not sent: the query says KVP_ERR_INVALID_ARG, the lookup op a hit
  * of 0; the server saw nothing. */
@@ -885,7 +934,7 @@ TEST(test_metrics_prometheus_text)
 
 TEST_LIST(T(test_lookup_hits_match_pool_query_over_ipc),
           T(test_lookup_hits_match_pool_query_over_tcp_port_0_resolved),
-          T(test_request_not_fitting_the_wire_is_a_hit_of_0),
+          T(test_request_not_fitting_the_wire_is_a_hit_of_0), T(test_scheduler_over_zmq_client),
           T(test_inflight_lookup_reused_per_request_id), T(test_non_block_inprogress_until_reply),
           T(test_discard_cancels_queued_and_forgets_running),
           T(test_max_inflight_beyond_is_a_hit_of_0),
