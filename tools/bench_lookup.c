@@ -167,6 +167,8 @@ static void stop(lb_t *b)
     kvp_kv_lookup_pool_destroy(b->echo_lk);
     if (b->pool)
         kvp_pool_close(b->pool);
+    if (b->bare_ep[0])
+        unlink(b->bare_ep + 6); /* (libzmq leaves the file behind) */
     if (b->dir[0])
         rmdir(b->dir);
 }

@@ -266,6 +266,7 @@ typedef struct rep {
     _Atomic int received; /* requests received */
     _Atomic int last_frames;
     uint8_t last_eagle;
+    char path[128]; /* the ipc socket file (libzmq leaves it behind) */
 } rep_t;
 
 static void *rep_main(void *arg)
@@ -308,6 +309,8 @@ static void rep_start(rep_t *r, const char *ep, int hold, const uint8_t *reply, 
     memcpy(r->reply, reply, len);
     r->reply_len = len;
     r->hold = hold;
+    ASSERT_EQ(strncmp(ep, "ipc://", 6), 0);
+    snprintf(r->path, sizeof r->path, "%s", ep + 6);
     r->zctx = zmq_ctx_new();
     r->sock = zmq_socket(r->zctx, ZMQ_REP);
     int linger = 0;
@@ -322,6 +325,7 @@ static void rep_stop(rep_t *r)
     pthread_join(r->th, NULL);
     zmq_close(r->sock);
     zmq_ctx_term(r->zctx);
+    unlink(r->path);
 }
 
 static kvp_kv_lookup_zmq_t *client_to(const char *ep, uint32_t timeout_ms, uint32_t max_inflight)
