@@ -233,6 +233,7 @@ static void usage(void)
             "usage: kvpool bench --uri URI --op put|get|mixed|exists|prefix --size BYTES --count N\n"
             "                    [--threads T] [--conns C] [--batch B] [--json]\n"
             "       kvpool bench --kv-scheduler [--json]   |   --ec-scheduler [--json]\n"
+            "       kvpool bench --lookup [--count N] [--json]\n"
             "  sizes accept B, KiB, MiB, GiB; --batch: keys per exists/prefix call (default 128)\n"
             "  --conns: pool handles the threads share round-robin (default 1; a kvpool:// URI\n"
             "  opens one connection per handle, so --conns T gives T independent clients)\n");
@@ -341,6 +342,7 @@ int kvp_cmd_bench(int argc, char **argv)
         /* KVP_BENCH_HOOKS: one line per scheduler bench, e.g.
          * if (strcmp(argv[i], "--kv-scheduler") == 0) return kvp_bench_kv_scheduler(argc, argv); */
         if (strcmp(argv[i], "--kv-scheduler") == 0) return kvp_bench_kv_scheduler(argc, argv);
+        if (strcmp(argv[i], "--lookup") == 0) return kvp_bench_lookup(argc, argv);
         if (strcmp(argv[i], "--ec-scheduler") == 0) return kvp_bench_ec_scheduler(argc, argv);
         (void)argv[i];
     }

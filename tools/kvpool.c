@@ -22,6 +22,8 @@ static const kvp_command_t g_commands[] = {
     {"rm", kvp_cmd_rm, "remove a key"},
     {"reset", kvp_cmd_reset, "drop every object in the pool"},
     {"stats", kvp_cmd_stats, "print a pool's statistics (--json for scripts)"},
+    {"lookup-server", kvp_cmd_lookup_server, "serve KV lookups (vLLM's LookupKeyServer) over ZeroMQ"},
+    {"lookup", kvp_cmd_lookup, "print the KV lookup hit of a token list (and why, with -v)"},
     {"bench-baseline", kvp_cmd_bench_baseline, "baselines for bench/compare.sh: memcpy, tcp-raw, redis"},
 };
 

@@ -35,4 +35,10 @@ check bench_conns_needs_kvpool_uri sh -c "! '$KVP' bench --uri 'embedded://?capa
 check bench_bad_conns sh -c "! '$KVP' bench --conns 0 2>/dev/null"
 check bench_bad_uri sh -c "! '$KVP' bench --uri 'nope://x' --count 10 --size 1KiB 2>/dev/null"
 check bench_human_output sh -c "'$KVP' bench --uri 'embedded://?capacity=16MiB' --op get --size 4KiB --count 100 | grep -q 'memcpy baseline'"
+check bench_lookup_json sh -c "'$KVP' bench --lookup --count 100 --json | tail -n 1 | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+assert r[\"blocks\"] == 1000 and r[\"count\"] == 100, r
+assert r[\"lookup_p99_us\"] >= r[\"lookup_p50_us\"] > 0 and r[\"zmq_rtt_us\"] > 0, r
+'"
 checks_end
