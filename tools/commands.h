@@ -15,6 +15,7 @@ int kvp_cmd_exists(int argc, char **argv); int kvp_cmd_rm(int argc, char **argv)
 int kvp_cmd_reset(int argc, char **argv); int kvp_cmd_stats(int argc, char **argv);
 int kvp_cmd_bench_baseline(int argc, char **argv);
 int kvp_cmd_kv_sched_replay(int argc, char **argv); int kvp_bench_kv_scheduler(int argc, char **argv);
+int kvp_bench_kv_worker(int argc, char **argv);
 
 
 #endif
