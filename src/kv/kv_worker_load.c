@@ -38,6 +38,10 @@
 #include "common/log.h"
 #include "kv/kv_worker_int.h"
 
+/* A staged load's bounce buffer holds one batch: at most this much (or one
+ * value), so a long hit does not stage all its bytes at once. */
+#define STAGE_MAX (64u << 20)
+
 typedef struct {
     kvp__kvw_keys_t k;
     int64_t *blocks;
@@ -208,6 +212,8 @@ static void handle(kvp_kv_worker_t *w, load_cx_t *cx, const kvp__kvw_job_t *j)
         size_t per = KVP_BATCH_MAX;
         if (budget && budget / vb < per)
             per = (size_t)(budget / vb);
+        if (!w->copy.direct && per > 1 && per * vb > STAGE_MAX) /* the bounce buffer's size */
+            per = STAGE_MAX / vb > 1 ? STAGE_MAX / vb : 1;
         if (per == 0) { /* one value over the budget: the whole request fails */
             kvp_warn("kv worker: load of %s: a value of %zu B exceeds the staging budget %llu B",
                      j->req_id, vb, (unsigned long long)budget);
