@@ -343,6 +343,8 @@ TEST(test_scenario_10_tp2_gqa_namespaces)
         for (int i = 0; i < 4; i++)
             ASSERT_MSG(fx_same(&src[r], SRC_IDS[i], &dst[r], DST_IDS[i]), "rank %u block %d", r, i);
         ASSERT(!fx_same(&src[1 - r], SRC_IDS[0], &dst[r], DST_IDS[0]));
+    }
+    for (uint32_t r = 0; r < 2; r++) {
         kvp_kv_worker_destroy(ws[r]);
         kvp_kv_worker_destroy(wd[r]);
         fx_cache_free(&src[r]);
