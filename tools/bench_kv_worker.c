@@ -261,7 +261,7 @@ static int worker_pass(bench_t *b, kvp_pool_t *pool, kvp_kv_worker_t *ws, kvp_kv
     if (kvp_kv_worker_get_finished(wd, &meta, NULL, 0, &fin) != KVP_OK)
         return 1;
     for (done = fin.num_recving; done < (size_t)nreq;) {
-        struct timespec ts = {0, 100000};
+        struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
         if (kvp_kv_worker_get_finished(wd, NULL, NULL, 0, &fin) != KVP_OK)
             return 1;
