@@ -343,6 +343,7 @@ int kvp_cmd_bench(int argc, char **argv)
          * if (strcmp(argv[i], "--kv-scheduler") == 0) return kvp_bench_kv_scheduler(argc, argv); */
         if (strcmp(argv[i], "--kv-scheduler") == 0) return kvp_bench_kv_scheduler(argc, argv);
         if (strcmp(argv[i], "--lookup") == 0) return kvp_bench_lookup(argc, argv);
+        if (strcmp(argv[i], "--kv-worker") == 0) return kvp_bench_kv_worker(argc, argv);
         if (strcmp(argv[i], "--ec-scheduler") == 0) return kvp_bench_ec_scheduler(argc, argv);
         (void)argv[i];
     }
