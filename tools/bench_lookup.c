@@ -12,8 +12,11 @@
  * alone (kvp_kv_lookup_pool_query in process), and the bare round trip with
  * that pool lookup run by the REP thread before it answers: the lookup's p50
  * minus this last one is what the service itself (client, server, frames)
- * adds to a round trip and a pool lookup.  --json prints one compact
- * JSON object as the last line of stdout.
+ * adds to a round trip and a pool lookup.  And the scheduler's
+ * get_num_new_matched_tokens with a blocking lookup through the same client
+ * (issue 13: it adds no more than the round trip): its p50 minus the
+ * lookup's is what the scheduler adds.  --json prints one compact JSON
+ * object as the last line of stdout.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -42,6 +45,7 @@ typedef struct {
     _Atomic bool echo_lookup; /* the REP thread runs the pool lookup before answering */
     kvp_kv_lookup_server_t *srv;
     kvp_kv_lookup_zmq_t *cli;
+    kvp_kv_sched_t *sched;
     void *zctx, *rep, *req;
     pthread_t echo;
     char dir[64], bare_ep[128];
@@ -136,6 +140,11 @@ static kvp_status_t start(lb_t *b)
     cp.endpoint = ep;
     if (st == KVP_OK)
         st = kvp_kv_lookup_zmq_create(&cp, &b->cli);
+    kvp_kv_config_t cfg;
+    kvp_kv_config_init(&cfg);
+    cfg.model_name = "bench";
+    if (st == KVP_OK)
+        st = kvp_kv_sched_create(&cfg, kvp_kv_lookup_zmq_client(b->cli), &b->sched);
     if (st != KVP_OK)
         return st;
     snprintf(b->bare_ep, sizeof b->bare_ep, "ipc://%s/bare", b->dir);
@@ -160,6 +169,7 @@ static void stop(lb_t *b)
         zmq_close(b->rep);
         zmq_ctx_term(b->zctx);
     }
+    kvp_kv_sched_destroy(b->sched);
     kvp_kv_lookup_zmq_destroy(b->cli);
     kvp_kv_lookup_server_stop(b->srv);
     kvp_kv_lookup_pool_destroy(b->lk);
@@ -200,8 +210,9 @@ static double pct_us(uint64_t *ns, uint32_t n, double p)
     return (double)ns[i] / 1e3;
 }
 
-/* The four measurements, interleaved by rounds; -1 on a failure. */
-static int measure(lb_t *b, uint64_t *lat, uint64_t *bare, uint64_t *local, uint64_t *both)
+/* The five measurements, interleaved by rounds; -1 on a failure. */
+static int measure(lb_t *b, uint64_t *lat, uint64_t *bare, uint64_t *local, uint64_t *both,
+                   uint64_t *sched)
 {
     int64_t tokens = (int64_t)b->blocks * BS + 1, want = (int64_t)b->blocks * BS;
     uint8_t nt[4] = {(uint8_t)(tokens >> 24), (uint8_t)(tokens >> 16), (uint8_t)(tokens >> 8),
@@ -246,6 +257,20 @@ static int measure(lb_t *b, uint64_t *lat, uint64_t *bare, uint64_t *local, uint
             kvp_kv_lookup_pool_query(b->ref, tokens, b->hashes, nh, HL, true, &r);
             local[done + i] = kvp__now_ns() - t0;
         }
+        kvp_kv_request_t rq = {.req_id = "bench", .num_tokens = tokens, .block_hashes = b->hashes,
+                               .num_block_hashes = nh, .hash_len = HL};
+        for (uint32_t i = 0; i < n; i++) {
+            int64_t num = -1;
+            bool async;
+            uint64_t t0 = kvp__now_ns();
+            kvp_status_t st = kvp_kv_sched_get_num_new_matched_tokens(b->sched, &rq, 0, &num, &async);
+            sched[done + i] = kvp__now_ns() - t0;
+            if (st != KVP_OK || num != want) {
+                fprintf(stderr, "kvpool bench --lookup: scheduler matched %lld, expected %lld\n",
+                        (long long)num, (long long)want);
+                return -1;
+            }
+        }
         done += n;
     }
     return 0;
@@ -276,37 +301,43 @@ int kvp_bench_lookup(int argc, char **argv)
     }
     b.hashes = calloc(b.blocks, HL);
     uint64_t *lat = calloc(b.count, sizeof *lat), *bare = calloc(b.count, sizeof *bare),
-             *local = calloc(b.count, sizeof *local), *both = calloc(b.count, sizeof *both);
+             *local = calloc(b.count, sizeof *local), *both = calloc(b.count, sizeof *both),
+             *sched = calloc(b.count, sizeof *sched);
     int rc = 1;
-    kvp_status_t st = b.hashes && lat && bare && local && both ? fill_pool(&b) : KVP_ERR_NO_MEMORY;
+    kvp_status_t st = b.hashes && lat && bare && local && both && sched ? fill_pool(&b) : KVP_ERR_NO_MEMORY;
     if (st != KVP_OK)
         rc = die("pool", st);
     else if ((st = start(&b)) != KVP_OK)
         rc = die("server", st);
-    else if (measure(&b, lat, bare, local, both) == 0)
+    else if (measure(&b, lat, bare, local, both, sched) == 0)
         rc = 0;
     stop(&b);
     if (rc == 0) {
         double p50 = pct_us(lat, b.count, 0.5), p99 = pct_us(lat, b.count, 0.99);
         double z50 = pct_us(bare, b.count, 0.5), z99 = pct_us(bare, b.count, 0.99);
         double l50 = pct_us(local, b.count, 0.5), b50 = pct_us(both, b.count, 0.5);
+        double s50 = pct_us(sched, b.count, 0.5);
         printf("lookup of %u blocks over ipc: p50 %.1f us, p99 %.1f us (%u round trips)\n",
                b.blocks, p50, p99, b.count);
         printf("bare ZeroMQ REQ/REP, same frames: p50 %.1f us, p99 %.1f us\n", z50, z99);
         printf("pool lookup alone (in process): p50 %.1f us\n", l50);
         printf("bare REQ/REP whose REP runs the same pool lookup: p50 %.1f us "
                "(the service's own cost: %.1f us)\n", b50, p50 - b50);
+        printf("scheduler get_num_new_matched_tokens, blocking lookup: p50 %.1f us "
+               "(adds %.1f us to the lookup)\n", s50, s50 - p50);
         printf("lookup p50 / bare p50: %.2fx (target <= 2x)\n", p50 / z50);
         if (b.json)
             printf("{\"blocks\":%u,\"count\":%u,\"lookup_p50_us\":%.2f,\"lookup_p99_us\":%.2f,"
                    "\"zmq_rtt_us\":%.2f,\"zmq_p99_us\":%.2f,\"pool_lookup_p50_us\":%.2f,"
-                   "\"zmq_rtt_with_pool_lookup_us\":%.2f,\"ratio\":%.3f}\n",
-                   b.blocks, b.count, p50, p99, z50, z99, l50, b50, p50 / z50);
+                   "\"zmq_rtt_with_pool_lookup_us\":%.2f,\"sched_lookup_p50_us\":%.2f,"
+                   "\"ratio\":%.3f}\n",
+                   b.blocks, b.count, p50, p99, z50, z99, l50, b50, s50, p50 / z50);
     }
     free(b.hashes);
     free(lat);
     free(bare);
     free(local);
     free(both);
+    free(sched);
     return rc;
 }

@@ -166,6 +166,11 @@ KVP_API void kvp_pool_close(kvp_pool_t *pool);
 /* Submits one operation (see the async contract above). */
 KVP_API kvp_status_t kvp_pool_submit(kvp_pool_t *pool, kvp_op_t *op);
 
+/* Runs one operation to completion, blocking: the op as for kvp_pool_submit
+ * (its cb and cb_arg are overwritten), timeout_ms honoured.  Returns the
+ * op's status. */
+KVP_API kvp_status_t kvp_pool_run(kvp_pool_t *pool, kvp_op_t *op);
+
 /* Blocking wrappers: each runs one kvp_op_t to completion. */
 KVP_API kvp_status_t kvp_pool_exists(kvp_pool_t *pool, const kvp_key_t *keys, size_t n,
                                      uint8_t *present);

@@ -298,6 +298,13 @@ static kvp_status_t run_sync(kvp_pool_t *pool, kvp_op_t *op)
     return st;
 }
 
+kvp_status_t kvp_pool_run(kvp_pool_t *pool, kvp_op_t *op)
+{
+    if (!op)
+        return KVP_ERR_NULL_POINTER;
+    return run_sync(pool, op);
+}
+
 kvp_status_t kvp_pool_exists(kvp_pool_t *pool, const kvp_key_t *keys, size_t n, uint8_t *present)
 {
     kvp_op_t op = {.type = KVP_OP_EXISTS, .keys = keys, .n = n, .present = present};

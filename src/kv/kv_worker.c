@@ -38,6 +38,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "kv/kv_keys.h"
 #include "kv/kv_worker_int.h"
 
 void kvp_kv_worker_params_init(kvp_kv_worker_params_t *params)
@@ -58,8 +59,8 @@ void kvp_kv_worker_params_init(kvp_kv_worker_params_t *params)
 
 /* ---- keys and pool calls ------------------------------------------------- */
 
-kvp_status_t kvp__kvw_key(const kvp_kv_worker_t *w, uint32_t g, const uint8_t *hash,
-                          uint32_t hash_len, char *buf, size_t *len_p)
+/* Group g's key stem: this rank's namespace (T = tp_rank / factor). */
+static kvp_status_t make_stem(kvp_kv_worker_t *w, uint32_t g)
 {
     kvp_kv_store_key_t k;
     memset(&k, 0, sizeof k);
@@ -72,9 +73,23 @@ kvp_status_t kvp__kvw_key(const kvp_kv_worker_t *w, uint32_t g, const uint8_t *h
     k.dcp_rank = w->p.dcp_size > 1 ? w->p.dcp_rank : 0;
     k.pp_rank = w->p.pp_rank;
     k.group_id = g;
-    k.hash.len = (uint8_t)hash_len;
-    memcpy(k.hash.bytes, hash, hash_len);
-    return kvp_kv_store_key_format(&k, buf, KVP_KV_STORE_KEY_MAX + 1, len_p);
+    size_t len;
+    kvp_status_t st = kvp__kv_key_stem(&k, w->stem[g], sizeof w->stem[g], &len);
+    w->stem_len[g] = (uint16_t)len;
+    return st;
+}
+
+kvp_status_t kvp__kvw_key(const kvp_kv_worker_t *w, uint32_t g, const uint8_t *hash,
+                          uint32_t hash_len, char *buf, size_t *len_p)
+{
+    if (hash_len == 0 || hash_len > KVP_HASH_MAX_LEN)
+        return KVP_ERR_INVALID_ARG;
+    size_t n = w->stem_len[g];
+    memcpy(buf, w->stem[g], n);
+    n += kvp__kv_key_hex(hash, hash_len, buf + n);
+    buf[n] = '\0';
+    *len_p = n;
+    return KVP_OK;
 }
 
 kvp_status_t kvp__kvw_keys_add(kvp__kvw_keys_t *k, const kvp_kv_worker_t *w, uint32_t g,
@@ -112,51 +127,15 @@ void kvp__kvw_keys_free(kvp__kvw_keys_t *k)
     memset(k, 0, sizeof *k);
 }
 
-/* A blocking kvp_pool_submit that carries timeout_ms (the blocking
- * wrappers cannot): a dead pool costs an error, not a hang. */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    kvp_status_t st;
-} waiter_t;
-
-static void waiter_cb(void *arg, kvp_status_t st)
-{
-    waiter_t *wt = arg;
-    pthread_mutex_lock(&wt->mu);
-    wt->st = st;
-    wt->done = true;
-    pthread_cond_signal(&wt->cv);
-    pthread_mutex_unlock(&wt->mu);
-}
-
 kvp_status_t kvp__kvw_call(kvp_kv_worker_t *w, kvp_op_type_t type, const kvp_key_t *keys,
                            size_t n, const kvp_sgl_t *values, kvp_key_result_t *results,
                            uint8_t *present)
 {
-    kvp_status_t st;
-    if (!w->p.timeout_ms) { /* the wrappers drive the transport themselves: fastest */
-        if (type == KVP_OP_EXISTS)
-            st = kvp_pool_exists(w->p.pool, keys, n, present);
-        else if (type == KVP_OP_PUT)
-            st = kvp_pool_put(w->p.pool, keys, values, n, results);
-        else
-            st = kvp_pool_get(w->p.pool, keys, values, n, results);
-    } else {
-        waiter_t wt = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-        kvp_op_t op = {.type = type, .keys = keys, .n = n, .values = values, .results = results,
-                       .present = present, .timeout_ms = w->p.timeout_ms, .cb = waiter_cb,
-                       .cb_arg = &wt};
-        st = kvp_pool_submit(w->p.pool, &op);
-        if (st == KVP_INPROGRESS) {
-            pthread_mutex_lock(&wt.mu);
-            while (!wt.done)
-                pthread_cond_wait(&wt.cv, &wt.mu);
-            pthread_mutex_unlock(&wt.mu);
-            st = wt.st;
-        }
-    }
+    /* One op, run to completion with the worker's timeout (kvp_pool_run
+     * drives the transport as the blocking wrappers do). */
+    kvp_op_t op = {.type = type, .keys = keys, .n = n, .values = values, .results = results,
+                   .present = present, .timeout_ms = w->p.timeout_ms};
+    kvp_status_t st = kvp_pool_run(w->p.pool, &op);
     if (st != KVP_OK)
         atomic_fetch_add(&w->c.pool_calls_failed, 1);
     return st;
@@ -249,11 +228,9 @@ kvp_status_t kvp_kv_worker_create(const kvp_kv_worker_params_t *params, kvp_kv_w
             return KVP_ERR_BAD_CONFIG;
         }
     }
-    /* The key format's checks (model name, prefix) once, on a dummy key. */
-    char kb[KVP_KV_STORE_KEY_MAX + 1];
-    uint8_t h0 = 0;
-    size_t klen;
-    st = kvp__kvw_key(w, 0, &h0, 1, kb, &klen);
+    /* The stems carry the key format's checks (model name, prefix), once. */
+    for (uint32_t g = 0; g < w->ngroups && st == KVP_OK; g++)
+        st = make_stem(w, g);
     if (st == KVP_OK)
         st = kvp__kv_coord_create(w->g, w->ngroups, p.block_size, p.hash_block_size, p.use_eagle,
                                   &w->coord);

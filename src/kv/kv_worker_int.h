@@ -101,6 +101,9 @@ struct kvp_kv_worker {
     kvp_kv_cache_group_t g[KVP_KV_MAX_GROUPS];
     uint32_t ngroups;
     uint32_t factor[KVP_KV_MAX_GROUPS]; /* replication factor per group (§2.3) */
+    /* Each group's key stem (kv_keys.h): this rank's namespace, formatted once. */
+    char stem[KVP_KV_MAX_GROUPS][KVP_KV_STORE_KEY_MAX];
+    uint16_t stem_len[KVP_KV_MAX_GROUPS];
     kvp__kv_coord_t *coord;
     kvp_kv_copy_ops_t copy;
 
