@@ -46,7 +46,7 @@ typedef struct {
     kvp_kv_lookup_server_t *srv;
     kvp_kv_lookup_zmq_t *cli;
     kvp_kv_sched_t *sched;
-    void *zctx, *rep, *req;
+    void *zctx, *zctx_req, *rep, *req;
     pthread_t echo;
     char dir[64], bare_ep[128];
 } lb_t;
@@ -148,9 +148,14 @@ static kvp_status_t start(lb_t *b)
     if (st != KVP_OK)
         return st;
     snprintf(b->bare_ep, sizeof b->bare_ep, "ipc://%s/bare", b->dir);
+    /* Two contexts, as the service has (the scheduler's client and the
+     * worker's server are two processes, each with its own I/O thread):
+     * one shared context would carry both ends on one I/O thread and make
+     * the bare trip a thread hop shorter than any real one. */
     b->zctx = zmq_ctx_new();
+    b->zctx_req = zmq_ctx_new();
     b->rep = zmq_socket(b->zctx, ZMQ_REP);
-    b->req = zmq_socket(b->zctx, ZMQ_REQ);
+    b->req = zmq_socket(b->zctx_req, ZMQ_REQ);
     int linger = 0;
     zmq_setsockopt(b->rep, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(b->req, ZMQ_LINGER, &linger, sizeof linger);
@@ -167,6 +172,7 @@ static void stop(lb_t *b)
         pthread_join(b->echo, NULL);
         zmq_close(b->req);
         zmq_close(b->rep);
+        zmq_ctx_term(b->zctx_req);
         zmq_ctx_term(b->zctx);
     }
     kvp_kv_sched_destroy(b->sched);

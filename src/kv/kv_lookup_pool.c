@@ -91,7 +91,7 @@ struct kvp_kv_lookup_pool {
     size_t stems_cap;
     uint32_t *stem_off;
     uint16_t *stem_len;
-    size_t stem_n;
+    size_t stem_n, stem_max;        /* (stem_max: the longest stem) */
     uint32_t stem_first[KVP_KV_MAX_GROUPS];
     /* scratch (see the top) */
     const uint8_t *hashes;         /* this lookup's hashes */
@@ -161,11 +161,15 @@ static void ns_key(const kvp_kv_lookup_pool_t *lk, uint32_t g, uint32_t ns, kvp_
 static kvp_status_t build_keys(kvp_kv_lookup_pool_t *lk, size_t first, size_t last,
                                size_t *nkeys_p)
 {
+    /* Sizes first, so the loop below only copies: the text of every key
+     * fits nkeys * (the longest stem + the hash's hex). */
     size_t nkeys = 0, used = 0;
     for (size_t i = first; i < last; i++)
         nkeys += lk->num_ns[lk->cand[i].g];
     if (kvp__grow_in((void **)&lk->keys, &lk->keys_cap, nkeys, sizeof *lk->keys, 64) ||
-        kvp__grow_in((void **)&lk->ends, &lk->ends_cap, nkeys, sizeof *lk->ends, 64))
+        kvp__grow_in((void **)&lk->ends, &lk->ends_cap, nkeys, sizeof *lk->ends, 64) ||
+        kvp__grow_in((void **)&lk->text, &lk->text_cap,
+                     nkeys * (lk->stem_max + 2 * (size_t)lk->hash_len), 1, 64))
         return KVP_ERR_NO_MEMORY;
     size_t k_i = 0;
     for (size_t i = first; i < last; i++) {
@@ -173,9 +177,6 @@ static kvp_status_t build_keys(kvp_kv_lookup_pool_t *lk, size_t first, size_t la
         const uint8_t *h = lk->hashes + c->h * lk->hash_len;
         for (uint32_t ns = 0; ns < lk->num_ns[c->g]; ns++) {
             size_t si = lk->stem_first[c->g] + ns, sl = lk->stem_len[si];
-            if (kvp__grow_in((void **)&lk->text, &lk->text_cap, used + sl + 2 * KVP_HASH_MAX_LEN, 1,
-                             64))
-                return KVP_ERR_NO_MEMORY;
             memcpy(lk->text + used, lk->stems + lk->stem_off[si], sl);
             used += sl;
             used += kvp__kv_key_hex(h, lk->hash_len, lk->text + used);
@@ -576,6 +577,8 @@ static kvp_status_t make_stems(kvp_kv_lookup_pool_t *lk)
             size_t i = lk->stem_first[g] + ns;
             lk->stem_off[i] = (uint32_t)used;
             lk->stem_len[i] = (uint16_t)len;
+            if (len > lk->stem_max)
+                lk->stem_max = len;
             used += len;
         }
     return KVP_OK;
