@@ -8,7 +8,8 @@
  * (kvp_kv_lookup_zmq_query: the client's I/O thread, the wire, the server's
  * pool lookup of B keys, the reply).  In the same run, interleaved in rounds
  * of 100 so that both see the same machine, a bare REQ/REP round trip of the
- * same frames against a REP thread that answers 4 bytes, the pool lookup
+ * same frames against a REP thread that answers 4 bytes (REQ and REP in two
+ * ZeroMQ contexts, as in the service: see start()), the pool lookup
  * alone (kvp_kv_lookup_pool_query in process), and the bare round trip with
  * that pool lookup run by the REP thread before it answers: the lookup's p50
  * minus this last one is what the service itself (client, server, frames)
