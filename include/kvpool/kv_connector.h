@@ -561,7 +561,7 @@ typedef struct kvp_kv_lookup_pool kvp_kv_lookup_pool_t;
  * what differs.  size: as for kvp_kv_config_t (fields past an older caller's
  * size take their defaults). */
 typedef struct kvp_kv_lookup_pool_params {
-    size_t size;              /* sizeof(kvp_kv_lookup_pool_params_t) of the caller's header */
+    uint32_t size;            /* sizeof(kvp_kv_lookup_pool_params_t) of the caller's header */
     const char *model_name;   /* model path or name (its last component is used); required */
     const char *cache_prefix; /* NULL or "": no prefix */
     uint32_t tp_size;         /* default 1 each; >= 1 */
@@ -665,7 +665,7 @@ KVP_API kvp_status_t kvp_kv_lookup_ipc_endpoint(const char *base_path, uint32_t 
 typedef struct kvp_kv_lookup_server kvp_kv_lookup_server_t;
 
 typedef struct kvp_kv_lookup_server_params {
-    size_t size;                   /* set by kvp_kv_lookup_server_params_init */
+    uint32_t size;                 /* set by kvp_kv_lookup_server_params_init (as for the config) */
     const char *endpoint;          /* "ipc://PATH" or "tcp://HOST:PORT" (HOST named, PORT 0 = any) */
     kvp_kv_lookup_pool_t *lookup;  /* not owned; answers LOOKUP; its pool is what RESET clears */
     /* RESET first calls drain (joins pending saves: kvp_kv_worker_drain), if set. */
@@ -715,7 +715,7 @@ KVP_API kvp_status_t kvp_kv_lookup_server_metrics(const kvp_kv_lookup_server_t *
 typedef struct kvp_kv_lookup_zmq kvp_kv_lookup_zmq_t;
 
 typedef struct kvp_kv_lookup_zmq_params {
-    size_t size;          /* set by kvp_kv_lookup_zmq_params_init */
+    uint32_t size;        /* set by kvp_kv_lookup_zmq_params_init (as for the config) */
     const char *endpoint; /* ipc:// or tcp:// */
     uint32_t timeout_ms;  /* per call, default 2000 */
     bool send_eagle;      /* append the u8 apply_eagle frame (default false: 4 frames) */
@@ -788,7 +788,7 @@ typedef struct kvp_kv_cache_tensor {
 } kvp_kv_cache_tensor_t;
 
 typedef struct kvp_kv_worker_params {
-    size_t size;              /* set by kvp_kv_worker_params_init */
+    uint32_t size;            /* set by kvp_kv_worker_params_init (as for the config) */
     kvp_pool_t *pool;         /* not owned; must outlive the worker */
     kvp_kv_role_t role;       /* default BOTH; a consumer never saves */
     const char *model_name;   /* required (its last path component goes into keys) */

@@ -52,6 +52,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/sized.h"
 #include "kv/kv_coord.h"
 #include "kv/kv_keys.h"
 #include "kvpool/kv_connector.h"
@@ -120,7 +121,7 @@ void kvp_kv_lookup_pool_params_init(kvp_kv_lookup_pool_params_t *params)
     if (!params)
         return;
     memset(params, 0, sizeof *params);
-    params->size = sizeof *params;
+    params->size = (uint32_t)sizeof *params;
     params->tp_size = params->pp_size = params->pcp_size = params->dcp_size = 1;
     params->num_kv_heads = 1;
     params->group_kind = KVP_KV_GROUP_FULL_ATTENTION;
@@ -481,15 +482,11 @@ static kvp_status_t adopt_params(const kvp_kv_lookup_pool_params_t *in,
                                  kvp_kv_lookup_pool_params_t *out)
 {
     kvp_kv_lookup_pool_params_init(out);
-    size_t size = in->size;
-    if (size < sizeof in->size || size > sizeof *out) {
-        kvp_error("kv pool lookup: params.size %zu (this library's struct has %zu bytes; call "
-                  "kvp_kv_lookup_pool_params_init)", size, sizeof *out);
-        return size < sizeof in->size ? KVP_ERR_INVALID_ARG : KVP_ERR_VERSION;
-    }
-    memcpy(out, in, size);
-    out->size = sizeof *out;
-    return KVP_OK;
+    kvp_status_t st = kvp__sized_adopt(out, sizeof *out, in);
+    if (st != KVP_OK)
+        kvp_error("kv pool lookup: params.size %u (this library's struct has %zu bytes; call "
+                  "kvp_kv_lookup_pool_params_init)", in->size, sizeof *out);
+    return st;
 }
 
 /* KVP_OK when p is well-formed; logs what is not. */

@@ -46,6 +46,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/sized.h"
 #include "kv/kv_lookup_wire.h"
 #include "kvpool/kv_connector.h"
 
@@ -395,7 +396,7 @@ void kvp_kv_lookup_server_params_init(kvp_kv_lookup_server_params_t *params)
     if (!params)
         return;
     memset(params, 0, sizeof *params);
-    params->size = sizeof *params;
+    params->size = (uint32_t)sizeof *params;
     params->max_hashes = 1u << 20;
 }
 
@@ -414,9 +415,17 @@ kvp_status_t kvp_kv_lookup_server_start(const kvp_kv_lookup_server_params_t *par
     if (!params || !server_p)
         return KVP_ERR_NULL_POINTER;
     *server_p = NULL;
-    if (params->size < sizeof *params || !params->endpoint || !params->lookup ||
-        params->max_hashes == 0) {
-        kvp_error("kv lookup server: params need size (params_init), endpoint, lookup, max_hashes");
+    kvp_kv_lookup_server_params_t pp;
+    kvp_kv_lookup_server_params_init(&pp);
+    kvp_status_t ast = kvp__sized_adopt(&pp, sizeof pp, params);
+    if (ast != KVP_OK) {
+        kvp_error("kv lookup server: params.size %u (call kvp_kv_lookup_server_params_init)",
+                  params->size);
+        return ast;
+    }
+    params = &pp;
+    if (!params->endpoint || !params->lookup || params->max_hashes == 0) {
+        kvp_error("kv lookup server: params need endpoint, lookup, max_hashes");
         return params->endpoint && params->lookup ? KVP_ERR_BAD_CONFIG : KVP_ERR_NULL_POINTER;
     }
     const char *ep = params->endpoint;

@@ -46,6 +46,7 @@
 #include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/sized.h"
 #include "common/strmap.h"
 #include "kv/kv_lookup_wire.h"
 #include "kvpool/kv_connector.h"
@@ -473,7 +474,7 @@ void kvp_kv_lookup_zmq_params_init(kvp_kv_lookup_zmq_params_t *params)
     if (!params)
         return;
     memset(params, 0, sizeof *params);
-    params->size = sizeof *params;
+    params->size = (uint32_t)sizeof *params;
     params->timeout_ms = 2000;
     params->max_inflight = 4096;
 }
@@ -481,11 +482,22 @@ void kvp_kv_lookup_zmq_params_init(kvp_kv_lookup_zmq_params_t *params)
 kvp_status_t kvp_kv_lookup_zmq_create(const kvp_kv_lookup_zmq_params_t *params,
                                       kvp_kv_lookup_zmq_t **client_p)
 {
-    if (!params || !client_p || !params->endpoint)
+    if (!params || !client_p)
         return KVP_ERR_NULL_POINTER;
     *client_p = NULL;
+    kvp_kv_lookup_zmq_params_t pp;
+    kvp_kv_lookup_zmq_params_init(&pp);
+    kvp_status_t ast = kvp__sized_adopt(&pp, sizeof pp, params);
+    if (ast != KVP_OK) {
+        kvp_error("kv lookup client: params.size %u (call kvp_kv_lookup_zmq_params_init)",
+                  params->size);
+        return ast;
+    }
+    params = &pp;
+    if (!params->endpoint)
+        return KVP_ERR_NULL_POINTER;
     const char *ep = params->endpoint;
-    if (params->size < sizeof *params || params->timeout_ms == 0 || params->max_inflight == 0 ||
+    if (params->timeout_ms == 0 || params->max_inflight == 0 ||
         (strncmp(ep, "ipc://", 6) != 0 && strncmp(ep, "tcp://", 6) != 0) || !ep[6]) {
         kvp_error("kv lookup client: bad params (endpoint '%s', timeout %u ms, max_inflight %u)",
                   ep, params->timeout_ms, params->max_inflight);

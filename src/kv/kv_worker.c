@@ -39,6 +39,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/sized.h"
 #include "kv/kv_keys.h"
 #include "kv/kv_worker_int.h"
 
@@ -47,7 +48,7 @@ void kvp_kv_worker_params_init(kvp_kv_worker_params_t *params)
     if (!params)
         return;
     memset(params, 0, sizeof *params);
-    params->size = sizeof *params;
+    params->size = (uint32_t)sizeof *params;
     params->role = KVP_KV_ROLE_BOTH;
     params->tp_size = params->pp_size = params->pcp_size = params->dcp_size = 1;
     params->num_kv_heads = 1;
@@ -178,15 +179,15 @@ kvp_status_t kvp_kv_worker_create(const kvp_kv_worker_params_t *params, kvp_kv_w
     if (!params || !worker_p)
         return KVP_ERR_NULL_POINTER;
     *worker_p = NULL;
-    if (params->size < sizeof params->size)
-        return KVP_ERR_INVALID_ARG;
-    if (params->size > sizeof *params)
-        return KVP_ERR_VERSION;
     kvp_kv_worker_params_t p;
     kvp_kv_worker_params_init(&p);
-    memcpy(&p, params, params->size);
-    p.size = sizeof p;
-    kvp_status_t st = check_params(&p);
+    kvp_status_t st = kvp__sized_adopt(&p, sizeof p, params);
+    if (st != KVP_OK) {
+        kvp_error("kv worker: params.size %u (this library's struct has %zu bytes; call "
+                  "kvp_kv_worker_params_init)", params->size, sizeof p);
+        return st;
+    }
+    st = check_params(&p);
     if (st != KVP_OK)
         return st;
     const char *name;

@@ -199,6 +199,51 @@ TEST(test_size_ec_bad_sizes_refused)
     collab_cleanup(&k);
 }
 
+/* The lookup service's and the worker's params follow the same rule: a
+ * size that does not cover `size` is INVALID_ARG, a newer header's size
+ * VERSION, before anything else is looked at; an older caller's size
+ * (up to a field) takes the defaults past it. */
+TEST(test_size_kv_service_params_refused_and_defaulted)
+{
+    kvp_kv_lookup_server_params_t sp;
+    kvp_kv_lookup_server_t *srv = NULL;
+    kvp_kv_lookup_server_params_init(&sp);
+    ASSERT_EQ(sp.size, sizeof sp);
+    sp.size = 0;
+    ASSERT_EQ(kvp_kv_lookup_server_start(&sp, &srv), KVP_ERR_INVALID_ARG);
+    sp.size = sizeof sp + 8;
+    ASSERT_EQ(kvp_kv_lookup_server_start(&sp, &srv), KVP_ERR_VERSION);
+    ASSERT(srv == NULL);
+
+    kvp_kv_lookup_zmq_params_t zp;
+    kvp_kv_lookup_zmq_t *zc = NULL;
+    kvp_kv_lookup_zmq_params_init(&zp);
+    zp.endpoint = "ipc:///nonexistent/kvp-abi-sizes";
+    zp.size = 3;
+    ASSERT_EQ(kvp_kv_lookup_zmq_create(&zp, &zc), KVP_ERR_INVALID_ARG);
+    zp.size = sizeof zp + 8;
+    ASSERT_EQ(kvp_kv_lookup_zmq_create(&zp, &zc), KVP_ERR_VERSION);
+    /* A caller that knows only endpoint: timeout and max_inflight take
+     * their defaults (0 would be refused). */
+    zp.timeout_ms = 0, zp.max_inflight = 0;
+    zp.size = (uint32_t)offsetof(kvp_kv_lookup_zmq_params_t, timeout_ms);
+    ASSERT_OK(kvp_kv_lookup_zmq_create(&zp, &zc));
+    kvp_kv_lookup_zmq_stats_t st;
+    kvp_kv_lookup_zmq_stats(zc, &st);
+    ASSERT_EQ(st.lookups, 0);
+    kvp_kv_lookup_zmq_destroy(zc);
+
+    kvp_kv_worker_params_t wp;
+    kvp_kv_worker_t *w = NULL;
+    kvp_kv_worker_params_init(&wp);
+    wp.size = 0;
+    ASSERT_EQ(kvp_kv_worker_create(&wp, &w), KVP_ERR_INVALID_ARG);
+    wp.size = sizeof wp + 8;
+    ASSERT_EQ(kvp_kv_worker_create(&wp, &w), KVP_ERR_VERSION);
+    ASSERT(w == NULL);
+}
+
 TEST_LIST(T(test_size_kv_config_old_caller_gets_defaults), T(test_size_kv_config_bad_size_refused),
+          T(test_size_kv_service_params_refused_and_defaulted),
           T(test_size_kv_block_params_old_caller_gets_defaults), T(test_size_ec_config_old_caller_gets_defaults),
           T(test_size_ec_bad_sizes_refused))
