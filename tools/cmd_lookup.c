@@ -32,6 +32,7 @@
 #include "common/clock.h"
 #include "kvpool/hash.h"
 #include "kvpool/kv_connector.h"
+#include "server/metrics.h"
 
 #define MAX_GROUPS 64
 
@@ -41,6 +42,7 @@ typedef struct lk_opts {
     const char *pool, *endpoint, *model, *prefix, *seed;
     kvp_hash_algo_t algo;
     uint64_t block_size, hash_block_size, tp_size, num_kv_heads, timeout_ms, repeat, interval_ms;
+    uint64_t metrics_port; /* lookup-server: serve GET /metrics (UINT64_MAX: off) */
     kvp_kv_cache_group_t groups[MAX_GROUPS];
     uint32_t num_groups;
     bool eagle, verbose, print_metrics;
@@ -133,7 +135,7 @@ static int parse_opt(lk_opts_t *o, int argc, char **argv, int *i)
     static const char *const valued[] = {"--pool", "--endpoint", "--model", "--cache-prefix",
                                          "--seed", "--algo", "--block-size", "--hash-block-size",
                                          "--tp-size", "--num-kv-heads", "--groups", "--timeout-ms",
-                                         "--repeat", "--interval-ms"};
+                                         "--repeat", "--interval-ms", "--metrics-port"};
     size_t k = 0;
     while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k]) != 0)
         k++;
@@ -157,6 +159,8 @@ static int parse_opt(lk_opts_t *o, int argc, char **argv, int *i)
         return parse_num(v, 1, 1000000, &o->repeat) == 0 ? 1 : fail(o, "bad --repeat", v);
     case 13:
         return parse_num(v, 0, 3600000, &o->interval_ms) == 0 ? 1 : fail(o, "bad --interval-ms", v);
+    case 14:
+        return parse_num(v, 0, 65535, &o->metrics_port) == 0 ? 1 : fail(o, "bad --metrics-port", v);
     default:
         return parse_num(v, 1, 1u << 30, num[k - 6]) == 0 ? 1 : fail(o, "bad value of", a);
     }
@@ -170,6 +174,7 @@ static void opts_init(lk_opts_t *o, const char *cmd)
     o->tp_size = o->num_kv_heads = 1;
     o->timeout_ms = 2000;
     o->repeat = 1;
+    o->metrics_port = UINT64_MAX;
 }
 
 /* Opens the pool and the lookup the options describe. */
@@ -207,7 +212,7 @@ static void server_usage(FILE *out)
     fprintf(out,
             "usage: kvpool lookup-server --pool URI --endpoint EP --model NAME --block-size N\n"
             "           [--hash-block-size N] [--tp-size N] [--num-kv-heads N] [--cache-prefix P]\n"
-            "           [--groups SPEC] [--eagle] [--print-metrics]\n"
+            "           [--groups SPEC] [--eagle] [--metrics-port N] [--print-metrics]\n"
             "\n"
             "Answers vLLM's LookupKeyClient (LOOKUP / RESET) at EP against the pool.\n"
             "  EP                ipc://PATH (socket file owner-only) or tcp://HOST:PORT (HOST\n"
@@ -218,8 +223,27 @@ static void server_usage(FILE *out)
             "  --groups SPEC     KV-cache groups, e.g. full:16,swa:16:window=128,mamba:64:align\n"
             "                    (default: one full-attention group of --block-size)\n"
             "  --eagle           EAGLE speculative decoding (drops the last block)\n"
+            "  --metrics-port N  serve the Prometheus counters on http://127.0.0.1:N/metrics\n"
+            "                    (0: a free port, printed as \"metrics on http://...\")\n"
             "  --print-metrics   print the Prometheus counters to stdout on exit\n"
             "Prints \"listening on EP\" when ready; SIGINT/SIGTERM stop it cleanly.\n");
+}
+
+/* The metrics endpoint's page: the server's kvp_kv_lookup_server_metrics. */
+static char *render_metrics(void *arg, size_t *len_p, size_t *cap_p)
+{
+    const kvp_kv_lookup_server_t *srv = arg;
+    size_t len = 0;
+    kvp_kv_lookup_server_metrics(srv, NULL, 0, &len);
+    char *text = kvp__malloc(len + 1);
+    if (!text || kvp_kv_lookup_server_metrics(srv, text, len + 1, &len) != KVP_OK) {
+        kvp__free(text, len + 1);
+        *len_p = *cap_p = 0;
+        return NULL;
+    }
+    *len_p = len;
+    *cap_p = len + 1;
+    return text;
 }
 
 int kvp_cmd_lookup_server(int argc, char **argv)
@@ -264,10 +288,24 @@ int kvp_cmd_lookup_server(int argc, char **argv)
         fprintf(stderr, "kvpool lookup-server: %s: %s\n", o.endpoint, kvp_status_str(st));
         rc = st == KVP_ERR_BAD_CONFIG || st == KVP_ERR_BAD_URI ? 2 : 1;
     } else {
-        printf("listening on %s\n", kvp_kv_lookup_server_endpoint(srv));
-        fflush(stdout);
+        kvp__metrics_t *http = NULL;
+        if (o.metrics_port != UINT64_MAX &&
+            kvp__metrics_start("127.0.0.1", (uint16_t)o.metrics_port, render_metrics, srv,
+                               &http) != KVP_OK) {
+            fprintf(stderr, "kvpool lookup-server: cannot serve metrics on port %llu\n",
+                    (unsigned long long)o.metrics_port);
+            rc = 1;
+        }
+        if (http)
+            printf("metrics on http://127.0.0.1:%u/metrics\n", kvp__metrics_port(http));
+        if (rc == 0) {
+            printf("listening on %s\n", kvp_kv_lookup_server_endpoint(srv));
+            fflush(stdout);
+        }
         int sig;
-        sigwait(&sigs, &sig);
+        if (rc == 0)
+            sigwait(&sigs, &sig);
+        kvp__metrics_stop(http);
         if (o.print_metrics) {
             size_t len = 0;
             kvp_kv_lookup_server_metrics(srv, NULL, 0, &len);

@@ -12,8 +12,8 @@
 
 struct kvp__metrics {
     struct MHD_Daemon *d;
-    kvp__store_t *store;
-    kvp__server_counters_t *c;
+    kvp__metrics_render_fn render;
+    void *arg;
     uint16_t port;
 };
 
@@ -178,8 +178,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         MHD_destroy_response(resp);
         return ret;
     }
-    size_t len, cap;
-    char *text = kvp__metrics_render(m->store, m->c, &len, &cap);
+    size_t len = 0, cap = 0;
+    char *text = m->render(m->arg, &len, &cap);
     resp = MHD_create_response_from_buffer(len, text ? text : (char *)"", MHD_RESPMEM_MUST_COPY);
     kvp__free(text, cap);
     MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
@@ -188,8 +188,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ret;
 }
 
-kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__store_t *store, kvp__server_counters_t *c,
-                                kvp__metrics_t **m_p)
+kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__metrics_render_fn render,
+                                void *arg, kvp__metrics_t **m_p)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
@@ -199,8 +199,8 @@ kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__store_t *s
     kvp__metrics_t *m = kvp__calloc(1, sizeof *m);
     if (!m)
         return KVP_ERR_NO_MEMORY;
-    m->store = store;
-    m->c = c;
+    m->render = render;
+    m->arg = arg;
     /* epoll, not select: the server may hold more than 1,024 descriptors
      * (the endpoint must stay up exactly when something floods it); idle
      * connections are closed after 10 s, so 64 of them cannot blind it. */

@@ -48,11 +48,18 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
 enum { KVP_HS_DROP_TIMEOUT, KVP_HS_DROP_DISPLACED, KVP_HS_DROP_BAD };
 enum { KVP_REFUSE_MAX_CONNS, KVP_REFUSE_PER_SOURCE, KVP_REFUSE_DRAINING, KVP_REFUSE_FDS };
 
+/* What a GET /metrics answers: the text in a heap buffer of *cap_p bytes
+ * (kvp__free(buf, *cap_p) after use; NULL: an empty page), its length in
+ * *len_p.  Called from the endpoint's thread. */
+typedef char *(*kvp__metrics_render_fn)(void *arg, size_t *len_p, size_t *cap_p);
+
 /* Serves GET /metrics on host:port (an IPv4 address; port 0 = any free
- * one).  Its own thread (epoll), at most 64 connections, each closed after
- * 10 s idle. */
-kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__store_t *store, kvp__server_counters_t *c,
-                                kvp__metrics_t **m_p);
+ * one) with the text render(arg) returns: the server's (over
+ * kvp__metrics_render) and any other program's (kvpool lookup-server's).
+ * Its own thread (epoll), at most 64 connections, each closed after 10 s
+ * idle. */
+kvp_status_t kvp__metrics_start(const char *host, uint16_t port, kvp__metrics_render_fn render,
+                                void *arg, kvp__metrics_t **m_p);
 /* The port it serves on (the chosen one when started with port 0). */
 uint16_t kvp__metrics_port(const kvp__metrics_t *m);
 void kvp__metrics_stop(kvp__metrics_t *m);

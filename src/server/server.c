@@ -382,6 +382,13 @@ static int reaches_peers(ucp_context_h ctx)
     return 0;
 }
 
+/* The metrics endpoint's page: the store's stats and the server's counters. */
+static char *render_metrics(void *arg, size_t *len_p, size_t *cap_p)
+{
+    server_t *s = arg;
+    return kvp__metrics_render(s->store, &s->ctr, len_p, cap_p);
+}
+
 kvp_status_t kvp__server_run(const kvp__server_params_t *params)
 {
     kvp_status_t st;
@@ -454,7 +461,7 @@ kvp_status_t kvp__server_run(const kvp__server_params_t *params)
         goto err_addr;
     if (params->metrics) {
         st = kvp__metrics_start(params->metrics_host ? params->metrics_host : params->host, params->metrics_port,
-                                s->store, &s->ctr, &s->metrics);
+                                render_metrics, s, &s->metrics);
         if (st != KVP_OK)
             goto err_listener;
     }

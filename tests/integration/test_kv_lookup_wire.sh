@@ -133,6 +133,19 @@ LS_PID=$!
 PIDS="$PIDS $LS_PID"
 check groups_full_16_listens wait_line "$T/groups.out" '^listening on '
 kill -TERM "$LS_PID"
+# --metrics-port 0: Prometheus text over HTTP on a port it picks and prints
+"$KVP" lookup-server --pool 'embedded://?capacity=4MiB' --endpoint "ipc://$T/metrics" --model m \
+    --block-size 16 --metrics-port 0 >"$T/metrics.out" 2>&1 &
+LS_PID=$!
+PIDS="$PIDS $LS_PID"
+check metrics_port_listens wait_line "$T/metrics.out" '^listening on '
+"$KVP" lookup "ipc://$T/metrics" --seed 0 --block-size 16 $TOKS >/dev/null 2>&1
+MURL=$(sed -n 's/^metrics on //p' "$T/metrics.out")
+$PY -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" \
+    "$MURL" >"$T/metrics.txt" 2>/dev/null
+check metrics_http_counts_the_lookup grep -qx 'kvpool_lookup_server_lookups_total 1' "$T/metrics.txt"
+check metrics_http_counts_the_reason grep -q '^kvpool_lookup_misses_total{reason="missing_block"} 1' "$T/metrics.txt"
+kill -TERM "$LS_PID"
 check tcp_wildcard_refused sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint 'tcp://0.0.0.0:0' --model m --block-size 16 >/dev/null 2>&1; [ \$? -eq 2 ]"
 check groups_bad_kind_exit_2 sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint '$EP3' --model m --block-size 16 --groups 'full:16,attn:16' 2>/dev/null; [ \$? -eq 2 ]"
 check groups_swa_needs_window_exit_2 sh -c "'$KVP' lookup-server --pool 'embedded://?capacity=4MiB' --endpoint '$EP3' --model m --block-size 16 --groups 'swa:16' 2>/dev/null; [ \$? -eq 2 ]"
