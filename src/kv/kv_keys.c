@@ -17,6 +17,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "common/alloc.h"
 #include "common/cbor.h"
 #include "common/log.h"
 #include "kv/kv_keys.h"
@@ -92,6 +93,49 @@ size_t kvp__kv_key_hex(const uint8_t *hash, size_t n, char *out)
         out[2 * i + 1] = g_hex_digit[hash[i] & 15];
     }
     return 2 * n;
+}
+
+kvp_status_t kvp__kv_names_init(kvp__kv_names_t *n, const char *model_path,
+                                const char *cache_prefix)
+{
+    memset(n, 0, sizeof *n);
+    const char *name;
+    size_t len;
+    if (!model_path || kvp_kv_store_key_model_name(model_path, strlen(model_path), &name, &len) != KVP_OK)
+        return KVP_ERR_BAD_CONFIG;
+    n->model = kvp__malloc(len + 1);
+    if (!n->model)
+        return KVP_ERR_NO_MEMORY;
+    memcpy(n->model, name, len);
+    n->model[len] = '\0';
+    n->model_len = len;
+    if (cache_prefix && cache_prefix[0]) {
+        n->prefix = kvp__strdup(cache_prefix);
+        if (!n->prefix) {
+            kvp__kv_names_free(n);
+            return KVP_ERR_NO_MEMORY;
+        }
+        n->prefix_len = strlen(cache_prefix);
+    }
+    return KVP_OK;
+}
+
+void kvp__kv_names_free(kvp__kv_names_t *n)
+{
+    if (n->model)
+        kvp__free(n->model, n->model_len + 1);
+    if (n->prefix)
+        kvp__free(n->prefix, n->prefix_len + 1);
+    memset(n, 0, sizeof *n);
+}
+
+void kvp__kv_names_key(const kvp__kv_names_t *n, kvp_kv_store_key_t *k)
+{
+    memset(k, 0, sizeof *k);
+    k->cache_prefix = n->prefix;
+    k->cache_prefix_len = n->prefix_len;
+    k->model_name = n->model;
+    k->model_name_len = n->model_len;
 }
 
 kvp_status_t kvp__kv_key_stem(const kvp_kv_store_key_t *key, char *buf, size_t buf_size,

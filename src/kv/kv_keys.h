@@ -17,6 +17,25 @@
 
 #include "kvpool/kv_connector.h"
 
+/* The owned names of a key space: the model name (the last component of the
+ * model path, §2.3) and the cache prefix (NULL and 0: none). */
+typedef struct kvp__kv_names {
+    char *model;
+    size_t model_len;
+    char *prefix;
+    size_t prefix_len;
+} kvp__kv_names_t;
+
+/* From a model path and a cache prefix (NULL or "": none).  KVP_OK;
+ * KVP_ERR_BAD_CONFIG (no name component in the path; logged);
+ * KVP_ERR_NO_MEMORY.  On error n holds nothing to free. */
+kvp_status_t kvp__kv_names_init(kvp__kv_names_t *n, const char *model_path,
+                                const char *cache_prefix);
+void kvp__kv_names_free(kvp__kv_names_t *n);
+/* A store key over these names: prefix and model set, every rank, the group
+ * and the hash zero (the caller sets what it needs). */
+void kvp__kv_names_key(const kvp__kv_names_t *n, kvp_kv_store_key_t *k);
+
 /* The stem of `key` (its hash ignored) into buf[0..buf_size), not
  * NUL-terminated, checked so that stem + the hex of any hash of up to
  * KVP_HASH_MAX_LEN bytes fits KVP_KV_STORE_KEY_MAX.  [out] len_p.  Returns

@@ -78,10 +78,7 @@ struct kvp_kv_lookup_pool {
     kvp_kv_lookup_pool_params_t p; /* copy; its strings point at model/prefix below */
     kvp_kv_cache_group_t groups[KVP_KV_MAX_GROUPS];
     kvp__kv_coord_t *coord;
-    char *model;                   /* the model name (last path component) */
-    size_t model_len;
-    char *prefix;                  /* NULL: no prefix */
-    size_t prefix_len;
+    kvp__kv_names_t names;         /* the model name and the cache prefix */
     uint32_t num_shards[KVP_KV_MAX_GROUPS]; /* tp_size / replication factor */
     uint32_t num_ns[KVP_KV_MAX_GROUPS];     /* rank namespaces: pcp * shards * pp */
     bool fast;                     /* one full-attention group: the prefix path */
@@ -146,10 +143,7 @@ static void ns_key(const kvp_kv_lookup_pool_t *lk, uint32_t g, uint32_t ns, kvp_
     uint32_t r[4];
     ns_ranks(lk, g, ns, r);
     memset(k, 0, sizeof *k);
-    k->cache_prefix = lk->prefix;
-    k->cache_prefix_len = lk->prefix_len;
-    k->model_name = lk->model;
-    k->model_name_len = lk->model_len;
+    kvp__kv_names_key(&lk->names, k);
     k->tp_rank = r[0];
     k->pcp_rank = r[1];
     k->dcp_rank = r[2];
@@ -593,30 +587,18 @@ kvp_status_t kvp_kv_lookup_pool_create(kvp_pool_t *pool, const kvp_kv_lookup_poo
         st = check_params(&p);
     if (st != KVP_OK)
         return st;
-    const char *name;
-    size_t name_len;
-    if (kvp_kv_store_key_model_name(p.model_name, strlen(p.model_name), &name, &name_len) != KVP_OK)
-        return KVP_ERR_BAD_CONFIG;
-
     kvp_kv_lookup_pool_t *lk = kvp__calloc(1, sizeof *lk);
     if (!lk)
         return KVP_ERR_NO_MEMORY;
     lk->pool = pool;
     lk->p = p;
-    lk->model_len = name_len;
-    lk->model = kvp__malloc(name_len + 1);
-    const char *prefix = p.cache_prefix ? p.cache_prefix : "";
-    lk->prefix_len = strlen(prefix);
-    if (lk->prefix_len)
-        lk->prefix = kvp__strdup(prefix);
-    if (!lk->model || (lk->prefix_len && !lk->prefix)) {
+    st = kvp__kv_names_init(&lk->names, p.model_name, p.cache_prefix);
+    if (st != KVP_OK) {
         kvp_kv_lookup_pool_destroy(lk);
-        return KVP_ERR_NO_MEMORY;
+        return st;
     }
-    memcpy(lk->model, name, name_len);
-    lk->model[name_len] = '\0';
-    lk->p.model_name = lk->model;
-    lk->p.cache_prefix = lk->prefix;
+    lk->p.model_name = lk->names.model;
+    lk->p.cache_prefix = lk->names.prefix;
     st = set_groups(lk);
     if (st != KVP_OK) {
         kvp_kv_lookup_pool_destroy(lk);
@@ -637,10 +619,7 @@ void kvp_kv_lookup_pool_destroy(kvp_kv_lookup_pool_t *lk)
         return;
     kvp__kv_coord_destroy(lk->coord);
     kvp__kv_masks_free(&lk->masks);
-    if (lk->model)
-        kvp__free(lk->model, lk->model_len + 1);
-    if (lk->prefix)
-        kvp__free(lk->prefix, lk->prefix_len + 1);
+    kvp__kv_names_free(&lk->names);
     if (lk->cand)
         kvp__free(lk->cand, lk->cand_cap * sizeof *lk->cand);
     if (lk->keys)

@@ -65,11 +65,7 @@ void kvp_kv_worker_params_init(kvp_kv_worker_params_t *params)
 static kvp_status_t make_stem(kvp_kv_worker_t *w, uint32_t g)
 {
     kvp_kv_store_key_t k;
-    memset(&k, 0, sizeof k);
-    k.cache_prefix = w->prefix;
-    k.cache_prefix_len = w->prefix ? strlen(w->prefix) : 0;
-    k.model_name = w->model;
-    k.model_name_len = strlen(w->model);
+    kvp__kv_names_key(&w->names, &k);
     k.tp_rank = w->p.tp_rank / w->factor[g];
     k.pcp_rank = w->p.pcp_size > 1 ? w->p.pcp_rank : 0;
     k.dcp_rank = w->p.dcp_size > 1 ? w->p.dcp_rank : 0;
@@ -190,11 +186,6 @@ kvp_status_t kvp_kv_worker_create(const kvp_kv_worker_params_t *params, kvp_kv_w
     st = check_params(&p);
     if (st != KVP_OK)
         return st;
-    const char *name;
-    size_t name_len;
-    if (kvp_kv_store_key_model_name(p.model_name, strlen(p.model_name), &name, &name_len) != KVP_OK)
-        return KVP_ERR_BAD_CONFIG;
-
     kvp_kv_worker_t *w = kvp__calloc(1, sizeof *w);
     if (!w)
         return KVP_ERR_NO_MEMORY;
@@ -210,19 +201,13 @@ kvp_status_t kvp_kv_worker_create(const kvp_kv_worker_params_t *params, kvp_kv_w
     }
     w->p.groups = w->g;
     w->p.num_groups = w->ngroups;
-    w->model = kvp__malloc(name_len + 1);
-    if (w->model) {
-        memcpy(w->model, name, name_len);
-        w->model[name_len] = '\0';
-    }
-    w->p.model_name = w->model;
-    if (p.cache_prefix && p.cache_prefix[0])
-        w->prefix = kvp__strdup(p.cache_prefix);
-    w->p.cache_prefix = w->prefix;
-    if (!w->model || (p.cache_prefix && p.cache_prefix[0] && !w->prefix)) {
+    st = kvp__kv_names_init(&w->names, p.model_name, p.cache_prefix);
+    if (st != KVP_OK) {
         kvp_kv_worker_destroy(w);
-        return KVP_ERR_NO_MEMORY;
+        return st;
     }
+    w->p.model_name = w->names.model;
+    w->p.cache_prefix = w->names.prefix;
     for (uint32_t g = 0; g < w->ngroups; g++) {
         if (kvp_kv_store_key_replication_factor(w->g[g].kind, p.tp_size, p.num_kv_heads,
                                                 p.dcp_size, &w->factor[g]) != KVP_OK) {
@@ -336,9 +321,7 @@ void kvp_kv_worker_destroy(kvp_kv_worker_t *w)
     strs_free(&w->out_recv);
     kvp__free(w->errs, w->errs_cap * sizeof *w->errs);
     kvp__free(w->out_errs, w->out_errs_cap * sizeof *w->out_errs);
-    if (w->model)
-        kvp__free(w->model, strlen(w->model) + 1);
-    kvp__strfree(w->prefix);
+    kvp__kv_names_free(&w->names);
     kvp__free(w, sizeof *w);
 }
 

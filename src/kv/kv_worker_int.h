@@ -34,6 +34,7 @@
 
 #include "common/strmap.h"
 #include "kv/kv_coord.h"
+#include "kv/kv_keys.h"
 #include "kvpool/kv_connector.h"
 
 /* vLLM's NULL_BLOCK_ID: a placeholder block never read nor written (W7). */
@@ -96,8 +97,7 @@ typedef struct kvp__kvw_strs {
 
 struct kvp_kv_worker {
     kvp_kv_worker_params_t p;          /* copy; strings point below, groups at g */
-    char *model;                       /* last path component of model_name */
-    char *prefix;                      /* NULL: none */
+    kvp__kv_names_t names;             /* the model name and the cache prefix */
     kvp_kv_cache_group_t g[KVP_KV_MAX_GROUPS];
     uint32_t ngroups;
     uint32_t factor[KVP_KV_MAX_GROUPS]; /* replication factor per group (§2.3) */
