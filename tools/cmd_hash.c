@@ -18,7 +18,7 @@
 static void hash_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvpool hash --seed S --block-size N [--algo sha256_cbor|xxhash_cbor]\n"
+            "usage: kvpool hash [--seed S] --block-size N [--algo sha256_cbor|xxhash_cbor]\n"
             "                   [--lora NAME] [--salt S] [--mm ID:OFFSET:LENGTH]... TOKEN...\n"
             "\n"
             "Prints vLLM's block hash of every full block of N tokens, one lowercase hex\n"
@@ -26,8 +26,10 @@ static void hash_usage(FILE *out)
             "\n"
             "  --algo A          vLLM prefix_caching_hash_algo: sha256_cbor (default) or\n"
             "                    xxhash_cbor (pickle-based sha256/xxhash cannot be reproduced)\n"
-            "  --seed S          the engine's PYTHONHASHSEED, exactly as set (required: without\n"
-            "                    it vLLM's NONE_HASH is random and nothing can match)\n"
+            "  --seed S          the engine's PYTHONHASHSEED, exactly as set.  Without it, as\n"
+            "                    vLLM 0.32 does: sha256_cbor uses the seed \"vllm-none-hash\";\n"
+            "                    xxhash_cbor needs --seed (vLLM's NONE_HASH is then random and\n"
+            "                    nothing can match; so was every algorithm's up to vLLM 0.27)\n"
             "  --block-size N    hash_block_size in tokens (>= 1)\n"
             "  --lora NAME       the request's LoRA adapter name\n"
             "  --salt S          the request's cache_salt (first block only)\n"
@@ -135,9 +137,9 @@ int kvp_cmd_hash(int argc, char **argv)
             return bad("unknown option '%s'", a);
         }
     }
-    if (!seed)
-        return bad("%s", "--seed is required (the engine's PYTHONHASHSEED; without it vLLM's "
-                         "hashes are random)");
+    if (!seed && algo != KVP_HASH_SHA256_CBOR)
+        return bad("%s", "--seed is required for xxhash_cbor (the engine's PYTHONHASHSEED; "
+                         "without it vLLM's NONE_HASH is random)");
     if (block_size == 0)
         return bad("%s", "--block-size is required");
     req.mm_items = mm;
@@ -166,7 +168,7 @@ int kvp_cmd_hash(int argc, char **argv)
 
     /* The library logs its own one-line error for bad input. */
     kvp_hash_t none_hash;
-    kvp_status_t st = kvp_hash_none_hash(algo, seed, strlen(seed), &none_hash);
+    kvp_status_t st = kvp_hash_none_hash(algo, seed, seed ? strlen(seed) : 0, &none_hash);
     if (st == KVP_OK)
         st = kvp_hash_request_blocks_i64(algo, &none_hash, tokens, ntok, (size_t)block_size, &req,
                                          hashes, nblocks, &nhashes);

@@ -221,14 +221,26 @@ kvp_status_t kvp_hash_none_hash(kvp_hash_algo_t algo, const char *seed, size_t s
     }
     if ((st = check_algo("none_hash", algo)) != KVP_OK)
         return st;
-    if (!seed) {
-        /* vLLM without PYTHONHASHSEED: os.urandom(32), whatever the algo. */
-        if ((st = kvp__random_bytes(out_p->bytes, KVP_HASH_MAX_LEN)) != KVP_OK)
+    char random_seed[2 * KVP_HASH_MAX_LEN];
+    if (!seed && algo == KVP_HASH_SHA256_CBOR) {
+        /* vLLM 0.32 without PYTHONHASHSEED, a cryptographic algorithm: the
+         * fixed default seed, so that independent engines agree. */
+        seed = KVP_HASH_DEFAULT_SEED;
+        seed_len = sizeof KVP_HASH_DEFAULT_SEED - 1;
+    } else if (!seed) {
+        /* ... a non-cryptographic one: os.urandom(32).hex(), kept secret. */
+        uint8_t r[KVP_HASH_MAX_LEN];
+        if ((st = kvp__random_bytes(r, sizeof r)) != KVP_OK)
             return st;
-        out_p->len = KVP_HASH_MAX_LEN;
-        kvp_warn("hash: no hash seed given: NONE_HASH is random, so no other process will "
-                 "produce the same block hashes (set the same PYTHONHASHSEED everywhere)");
-        return KVP_OK;
+        kvp_hash_t rh = {.len = KVP_HASH_MAX_LEN};
+        memcpy(rh.bytes, r, sizeof r);
+        char hex[KVP_HASH_HEX_MAX];
+        memcpy(random_seed, hex, kvp_hash_to_hex(&rh, hex));
+        seed = random_seed;
+        seed_len = sizeof random_seed;
+        kvp_warn("hash: no hash seed given for %s: NONE_HASH is random, so no other process "
+                 "will produce the same block hashes (set the same PYTHONHASHSEED everywhere)",
+                 kvp_hash_algo_name(algo));
     }
     if ((st = check_text("none_hash", "seed", seed, seed_len)) != KVP_OK)
         return st;

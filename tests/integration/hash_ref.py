@@ -216,9 +216,21 @@ def main():
     print("hash_ref: %d token sequences (%d with extra keys), %d block hashes compared"
           % (len(cases), with_extras, blocks))
 
+    # No --seed with sha256_cbor: vLLM 0.32's fixed seed "vllm-none-hash".
+    toks = [7, 8, 9, 10, 11, 12, 13, 14]
+    r = subprocess.run([kvp_bin, "hash", "--block-size", "4"] + [str(t) for t in toks],
+                       capture_output=True)
+    want = [h.hex() for h in block_hashes("sha256_cbor", "vllm-none-hash", 4, toks)]
+    if r.returncode != 0 or r.stdout.decode().split() != want:
+        failed += 1
+        print("FAIL no --seed: want the default seed 'vllm-none-hash' (%s), got %r"
+              % (want, r.stdout.decode()))
+    else:
+        passed += 1
+
     # Bad input: exit status 2, exactly one line on stderr, nothing on stdout.
     bad_inputs = [
-        ["hash", "--block-size", "4", "1", "2", "3", "4"],                     # no --seed
+        ["hash", "--algo", "xxhash_cbor", "--block-size", "4", "1", "2", "3", "4"],  # no --seed
         ["hash", "--seed", "0", "1", "2"],                                    # no --block-size
         ["hash", "--seed", "0", "--block-size", "4", "1", "x2"],              # bad token
         ["hash", "--seed", "0", "--block-size", "4", "99999999999999999999"], # overflow

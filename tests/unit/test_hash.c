@@ -258,13 +258,28 @@ TEST(test_scenario_32_none_hash_and_block0)
     ASSERT_HASH_HEX(&h, "fedd9e4abebebbe6f6cf96b682f08d316063fe2f22a5c552192dd62904fcccac");
 }
 
-TEST(test_none_hash_random_without_seed)
+#define VLLM_NONE_HASH_HEX "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+
+/* vLLM 0.32 without PYTHONHASHSEED: a cryptographic algorithm hashes the
+ * fixed seed "vllm-none-hash" (the same in every process), xxhash_cbor a
+ * random one (never the same twice). */
+TEST(test_none_hash_without_seed_follows_vllm_0_32)
 {
-    kvp_hash_t a, b;
+    kvp_hash_t a, b, fixed;
+    ASSERT_OK(kvp_hash_none_hash(KVP_HASH_SHA256_CBOR, NULL, 0, &a));
+    ASSERT_OK(kvp_hash_none_hash(KVP_HASH_SHA256_CBOR, NULL, 0, &b));
+    ASSERT_OK(kvp_hash_none_hash(KVP_HASH_SHA256_CBOR, KVP_HASH_DEFAULT_SEED,
+                                 strlen(KVP_HASH_DEFAULT_SEED), &fixed));
+    ASSERT_EQ(a.len, 32);
+    ASSERT_MEM_EQ(a.bytes, b.bytes, 32);
+    ASSERT_MEM_EQ(a.bytes, fixed.bytes, 32);
+    /* sha256(cbor text "vllm-none-hash"), computed independently:
+     * python3 -c 'import hashlib,cbor2; print(hashlib.sha256(cbor2.dumps("vllm-none-hash")).hexdigest())' */
+    ASSERT_HASH_HEX(&a, VLLM_NONE_HASH_HEX);
     ASSERT_OK(kvp_hash_none_hash(KVP_HASH_XXHASH_CBOR, NULL, 0, &a));
     ASSERT_OK(kvp_hash_none_hash(KVP_HASH_XXHASH_CBOR, NULL, 0, &b));
-    ASSERT_EQ(a.len, 32); /* os.urandom(32), whatever the algorithm */
-    ASSERT(memcmp(a.bytes, b.bytes, 32) != 0);
+    ASSERT_EQ(a.len, 16); /* xxh3_128 of a random 64-hex-digit seed */
+    ASSERT(memcmp(a.bytes, b.bytes, 16) != 0);
 }
 
 TEST(test_none_hash_bad_input)
@@ -579,7 +594,7 @@ TEST(test_request_blocks_bad_input)
 TEST_LIST(T(test_cbor_uints), T(test_cbor_negative_ints), T(test_cbor_strings_arrays_null),
           T(test_cbor_grows_to_heap_and_frees), T(test_cbor_out_of_memory_is_sticky),
           T(test_utf8_validation), T(test_algo_names), T(test_scenario_32_none_hash_and_block0),
-          T(test_none_hash_random_without_seed), T(test_none_hash_bad_input),
+          T(test_none_hash_without_seed_follows_vllm_0_32), T(test_none_hash_bad_input),
           T(test_block_with_every_extra_key), T(test_block_empty_extras_are_null),
           T(test_block_bad_input), T(test_block_large_spills_to_heap),
           T(test_request_blocks_with_mm_lora_salt),
