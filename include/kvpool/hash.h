@@ -72,6 +72,16 @@ typedef struct kvp_hash {
     uint8_t bytes[KVP_HASH_MAX_LEN];
 } kvp_hash_t;
 
+/* How extra keys are spelled.  vLLM 0.27 (the seed's release) puts bare
+ * values in extra_keys: the LoRA name, [identifier, offset] per multimodal
+ * item, the salt, the prompt-embeds digest.  vLLM 0.32 tags each one:
+ * ["lora", name, path], ["mm", identifier, offset], ["cache_salt", salt],
+ * ["prompt_embeds", digest] (same order, same which-block rules). */
+typedef enum kvp_hash_keys {
+    KVP_HASH_KEYS_UNTAGGED = 0, /* vLLM 0.27: bare values (a zeroed struct) */
+    KVP_HASH_KEYS_TAGGED = 1,   /* vLLM 0.32: tagged tuples, the LoRA path included */
+} kvp_hash_keys_t;
+
 /* One multimodal key of one block, as vLLM puts it in extra_keys. */
 typedef struct kvp_hash_mm_key {
     const char *identifier; /* [in] UTF-8, identifier_len bytes (mm hash) */
@@ -89,6 +99,9 @@ typedef struct kvp_hash_extra_keys {
     const char *cache_salt;     /* [in] NULL or empty: none */
     size_t cache_salt_len;
     const uint8_t *prompt_embeds_sha256; /* [in] NULL, or the block's 32-byte digest */
+    kvp_hash_keys_t keys;       /* [in] the spelling (0: untagged) */
+    const char *lora_path;      /* [in] tagged only: the LoRA's path (NULL: "") */
+    size_t lora_path_len;
 } kvp_hash_extra_keys_t;
 
 /* A multimodal item of a request, in absolute token positions. */
@@ -113,6 +126,9 @@ typedef struct kvp_hash_request {
      * [32*i]; must cover every full block of the token list. */
     const uint8_t *prompt_embeds_sha256;
     size_t num_prompt_embeds_blocks;
+    kvp_hash_keys_t keys;   /* [in] the spelling (0: untagged, vLLM 0.27) */
+    const char *lora_path;  /* [in] tagged only: the LoRA request's lora_path (NULL: "") */
+    size_t lora_path_len;
 } kvp_hash_request_t;
 
 /* "sha256_cbor" / "xxhash_cbor" -> algo.  Returns KVP_OK; KVP_ERR_NULL_POINTER;
