@@ -95,11 +95,11 @@ def _acquire(obj, writable, held):
     pb = _PyBuffer()
     try:
         _get_buffer(obj, _byref(pb), 1 if writable else 0)
-    except (TypeError, BufferError) as e:
+    except (TypeError, BufferError, ValueError) as e:  # numpy: ValueError for read-only
         span = _tensor_span(obj, writable)
         if span is not None:
             return span
-        if isinstance(e, BufferError) or (writable and _is_buffer(obj)):
+        if not isinstance(e, TypeError) or (writable and _is_buffer(obj)):
             raise TypeError("kvpool needs a C-contiguous%s buffer: %s"
                             % (" writable" if writable else "", e)) from None
         raise TypeError("kvpool value must support the buffer protocol (bytes, bytearray, "
