@@ -102,6 +102,9 @@ def block_hashes(algo, seed, block_size, tokens, extra=None):
     if block_size < 0:
         raise ValueError("kvpool.hash: block_size must be >= 1, not %d" % block_size)
     nh = _none_hash(a, seed)
+    tokens = tokens if isinstance(tokens, (list, tuple, range)) else list(tokens)
+    if tokens and (min(tokens) < -(1 << 63) or max(tokens) >= (1 << 63)):
+        raise ValueError("kvpool.hash: token ids must fit a signed 64-bit integer")
     toks = (ctypes.c_int64 * len(tokens))(*tokens)
     nblocks = len(toks) // block_size if block_size else 0
     out = (_lib.Hash * max(nblocks, 1))()

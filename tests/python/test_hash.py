@@ -148,6 +148,10 @@ class HashArgumentsTest(unittest.TestCase):
             kh.block_hashes("sha256_cbor", 0, 4, range(4))
         with self.assertRaises(ValueError):
             kh.block_hashes("sha256_cbor", "0", 4, range(4), {"lora": "x"})
+        for big in (1 << 63, -(1 << 63) - 1):  # would wrap silently in a C int64
+            with self.assertRaises(ValueError):
+                kh.block_hashes("sha256_cbor", "0", 1, [1, big])
+        self.assertEqual(len(kh.block_hashes("sha256_cbor", "0", 1, iter([(1 << 63) - 1, -(1 << 63)]))), 2)
 
 
 class StoreKeyTest(unittest.TestCase):
