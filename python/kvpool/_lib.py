@@ -2,8 +2,10 @@
 mirrored field for field, and argtypes/restype of every function the package
 calls.
 
-Where the library comes from, first found wins:
-  1. $KVPOOL_LIB, a path to libkvpool.so (a build tree's build/libkvpool.so);
+Where the library comes from:
+  1. $KVPOOL_LIB, a path to libkvpool.so (a build tree's build/libkvpool.so):
+     when set, that one or an ImportError, nothing else is tried;
+  otherwise, first found wins:
   2. a copy inside this package (libkvpool.so.0 or libkvpool.so next to this
      file: `pip install ./python` copies one in when it finds it, see setup.py);
   3. the system loader's libkvpool.so.0 (what `make install` puts in the
@@ -21,25 +23,22 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load():
-    tried = []
     env = os.environ.get("KVPOOL_LIB")
-    candidates = []
-    if env:
-        candidates.append(("$KVPOOL_LIB", env))
-    for name in ("libkvpool.so.0", "libkvpool.so"):
-        p = os.path.join(_HERE, name)
-        if os.path.exists(p):
-            candidates.append(("package copy", p))
-    candidates.append(("system loader", "libkvpool.so.0"))
-    for where, path in candidates:
+    if env:  # named explicitly: that one or nothing
+        candidates = [("$KVPOOL_LIB", env)]
+    else:
+        candidates = [("package copy", os.path.join(_HERE, n))
+                      for n in ("libkvpool.so.0", "libkvpool.so")]
+        candidates.append(("system loader", "libkvpool.so.0"))
+    tried = []
+    for where, p in candidates:
+        if where == "package copy" and not os.path.exists(p):
+            tried.append("%s %s: not installed" % (where, p))
+            continue
         try:
-            return ctypes.CDLL(path), path
+            return ctypes.CDLL(p), p
         except OSError as e:
-            tried.append("%s %s: %s" % (where, path, e))
-    if not env:
-        tried.insert(0, "$KVPOOL_LIB: not set")
-    tried.insert(1, "package copy %s/libkvpool.so[.0]: %s" % (
-        _HERE, "tried" if any(w == "package copy" for w, _ in candidates) else "none installed"))
+            tried.append("%s %s: %s" % (where, p, e))
     raise ImportError("kvpool: cannot load libkvpool.so; tried:\n  " + "\n  ".join(tried) +
                       "\nSet KVPOOL_LIB=/path/to/build/libkvpool.so, reinstall the package "
                       "with a built library (see python/README.md), or `make install`.")

@@ -62,7 +62,23 @@ class ErrorsTest(unittest.TestCase):
             kvpool.errors.raise_for(-21)
         self.assertIsNone(kvpool.errors.raise_for(0))
 
-    def test_missing_library_is_an_import_error_naming_where_it_looked(self):
+    def import_error(self, **env):
+        env = dict(os.environ, LD_LIBRARY_PATH="", PYTHONPATH=os.path.join(support.REPO, "python"),
+                   **env)
+        env = {k: v for k, v in env.items() if v is not None}
+        r = subprocess.run([sys.executable, "-c", "import kvpool"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+        self.assertNotEqual(r.returncode, 0)
+        err = r.stderr.decode()
+        self.assertIn("ImportError: kvpool: cannot load libkvpool.so", err)
+        return err
+
+    def test_a_bad_kvpool_lib_is_an_import_error_naming_it(self):
+        err = self.import_error(KVPOOL_LIB="/nonexistent/libkvpool.so")
+        self.assertIn("$KVPOOL_LIB /nonexistent/libkvpool.so", err)
+        self.assertNotIn("system loader", err)  # an explicit path is the only one tried
+
+    def test_no_library_anywhere_is_an_import_error_naming_each_place(self):
         pkg = os.path.join(support.REPO, "python", "kvpool")
         if any(os.path.exists(os.path.join(pkg, n)) for n in ("libkvpool.so", "libkvpool.so.0")):
             self.skipTest("a libkvpool.so copy sits in %s, so the import finds one" % pkg)
@@ -70,17 +86,10 @@ class ErrorsTest(unittest.TestCase):
                                env=dict(os.environ, LD_LIBRARY_PATH=""), stderr=subprocess.DEVNULL)
         if probe.returncode == 0:  # (asked in a fresh process: this one has it loaded)
             self.skipTest("the system loader finds an installed libkvpool.so.0")
-        env = dict(os.environ, KVPOOL_LIB="/nonexistent/libkvpool.so", LD_LIBRARY_PATH="",
-                   PYTHONPATH=os.path.join(support.REPO, "python"))
-        r = subprocess.run([sys.executable, "-c", "import kvpool"], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
-        err = r.stderr.decode()
-        self.assertNotEqual(r.returncode, 0)
-        self.assertIn("ImportError", err)
-        for place in ("$KVPOOL_LIB /nonexistent/libkvpool.so", "package copy",
-                      "system loader libkvpool.so.0"):
-            self.assertIn(place, err)
-
+        err = self.import_error(KVPOOL_LIB=None)
+        self.assertIn("package copy %s/libkvpool.so.0: not installed" % pkg, err)
+        self.assertIn("system loader libkvpool.so.0", err)
+        self.assertIn("KVPOOL_LIB=", err)  # how to fix it
 
 if __name__ == "__main__":
     unittest.main()
