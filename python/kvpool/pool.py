@@ -158,11 +158,11 @@ class Pool:
     def closed(self):
         return self._h is None
 
-    def close(self):
+    def close(self, _close=_lib.kvp_pool_close):  # (bound early: __del__ at exit)
         """Closes the pool (waits for calls in flight); a second close is a no-op."""
         h, self._h = self._h, None
         if h is not None:
-            _lib.kvp_pool_close(h)
+            _close(h)
 
     def __enter__(self):
         self._handle()
