@@ -37,6 +37,14 @@ check unit_test_hash run_unit test_hash
 check unit_test_pool run_unit test_pool
 cd "$T" || exit 1
 
+# The bench runs (small), both sides report a rate, and the JSON has the ratio.
+bench_smoke() {
+    PYTHONPATH="$SRC/python" KVPOOL_LIB="$KVP_LIB" "$PY" -m kvpool.bench --kvpool-bin "$KVP_BIN" \
+        --uri 'embedded://?capacity=64MiB' --size 64KiB --count 50 --rounds 1 --json >"$T/bench.json" &&
+        "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["c_gbps"] > 0 and r["python_gbps"] > 0, r; print("  bench: C %.2f GB/s, Python %.2f GB/s (64 KiB, tiny run)" % (r["c_gbps"], r["python_gbps"]))' "$T/bench.json"
+}
+check bench_smoke bench_smoke
+
 # pip install ./python into a venv, offline.  Debian's venv has pip and
 # setuptools but not wheel; --system-site-packages lends it python3-wheel.
 pip_install() {
