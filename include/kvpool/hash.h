@@ -24,11 +24,15 @@
  *   4. the SHA-256 (32-byte string) of the block's raw prompt-embeds bytes.
  * Nothing to add gives null, not an empty array.
  *
- * NONE_HASH is H(seed) with the seed as a CBOR text string, where the seed is
- * the engine's PYTHONHASHSEED string exactly as set ("0" hashes the text
- * "0").  Without PYTHONHASHSEED vLLM draws 32 random bytes, so no other
- * process can ever match its hashes; every engine, pool and router that must
- * agree has to use the same algorithm and the same seed.
+ * NONE_HASH is H(seed) with the seed as a CBOR text string (vLLM 0.32's
+ * init_none_hash): the engine's PYTHONHASHSEED string exactly as set ("0"
+ * hashes the text "0"); without PYTHONHASHSEED, for sha256_cbor the fixed
+ * seed "vllm-none-hash" (KVP_HASH_DEFAULT_SEED: independent engines share
+ * hashes without configuration), for xxhash_cbor (not collision resistant)
+ * a random one, so no other process can ever match its hashes.  The older
+ * rule (vLLM up to 0.27, the seed scheduler's release) drew 32 random bytes
+ * for every algorithm when PYTHONHASHSEED was unset.  Every engine, pool and
+ * router that must agree has to use the same algorithm and the same seed.
  *
  * Strings.  Every text (seed, LoRA name, salt, mm identifier) is passed as
  * pointer + length (no NUL needed; embedded NULs allowed) and must be valid
@@ -68,6 +72,16 @@ typedef struct kvp_hash {
     uint8_t bytes[KVP_HASH_MAX_LEN];
 } kvp_hash_t;
 
+/* How extra keys are spelled.  vLLM 0.27 (the seed's release) puts bare
+ * values in extra_keys: the LoRA name, [identifier, offset] per multimodal
+ * item, the salt, the prompt-embeds digest.  vLLM 0.32 tags each one:
+ * ["lora", name, path], ["mm", identifier, offset], ["cache_salt", salt],
+ * ["prompt_embeds", digest] (same order, same which-block rules). */
+typedef enum kvp_hash_keys {
+    KVP_HASH_KEYS_UNTAGGED = 0, /* vLLM 0.27: bare values (a zeroed struct) */
+    KVP_HASH_KEYS_TAGGED = 1,   /* vLLM 0.32: tagged tuples, the LoRA path included */
+} kvp_hash_keys_t;
+
 /* One multimodal key of one block, as vLLM puts it in extra_keys. */
 typedef struct kvp_hash_mm_key {
     const char *identifier; /* [in] UTF-8, identifier_len bytes (mm hash) */
@@ -85,6 +99,9 @@ typedef struct kvp_hash_extra_keys {
     const char *cache_salt;     /* [in] NULL or empty: none */
     size_t cache_salt_len;
     const uint8_t *prompt_embeds_sha256; /* [in] NULL, or the block's 32-byte digest */
+    kvp_hash_keys_t keys;       /* [in] the spelling (0: untagged) */
+    const char *lora_path;      /* [in] tagged only: the LoRA's path (NULL: "") */
+    size_t lora_path_len;
 } kvp_hash_extra_keys_t;
 
 /* A multimodal item of a request, in absolute token positions. */
@@ -109,6 +126,9 @@ typedef struct kvp_hash_request {
      * [32*i]; must cover every full block of the token list. */
     const uint8_t *prompt_embeds_sha256;
     size_t num_prompt_embeds_blocks;
+    kvp_hash_keys_t keys;   /* [in] the spelling (0: untagged, vLLM 0.27) */
+    const char *lora_path;  /* [in] tagged only: the LoRA request's lora_path (NULL: "") */
+    size_t lora_path_len;
 } kvp_hash_request_t;
 
 /* "sha256_cbor" / "xxhash_cbor" -> algo.  Returns KVP_OK; KVP_ERR_NULL_POINTER;
@@ -120,9 +140,15 @@ KVP_API const char *kvp_hash_algo_name(kvp_hash_algo_t algo);
 /* Digest bytes of `algo` (32 or 16), or 0 if unknown. */
 KVP_API size_t kvp_hash_algo_len(kvp_hash_algo_t algo);
 
+/* The seed vLLM 0.32 uses for a cryptographic algorithm when PYTHONHASHSEED
+ * is unset. */
+#define KVP_HASH_DEFAULT_SEED "vllm-none-hash"
+
 /* NONE_HASH for `algo` and the PYTHONHASHSEED string seed[0..seed_len):
- * H(cbor text seed).  seed == NULL means "PYTHONHASHSEED unset": 32 random
- * bytes (logged as a warning, since nothing else can ever match them).
+ * H(cbor text seed).  seed == NULL means "PYTHONHASHSEED unset" (vLLM
+ * 0.32): sha256_cbor hashes KVP_HASH_DEFAULT_SEED; xxhash_cbor hashes a
+ * random seed (64 hex digits of 32 random bytes, logged as a warning, since
+ * nothing else can ever match it).
  *   [in]  algo, seed (UTF-8, may be NULL), seed_len
  *   [out] out_p
  * Returns KVP_OK; KVP_ERR_NULL_POINTER (out_p); KVP_ERR_INVALID_ARG (unknown

@@ -221,14 +221,26 @@ kvp_status_t kvp_hash_none_hash(kvp_hash_algo_t algo, const char *seed, size_t s
     }
     if ((st = check_algo("none_hash", algo)) != KVP_OK)
         return st;
-    if (!seed) {
-        /* vLLM without PYTHONHASHSEED: os.urandom(32), whatever the algo. */
-        if ((st = kvp__random_bytes(out_p->bytes, KVP_HASH_MAX_LEN)) != KVP_OK)
+    char random_seed[2 * KVP_HASH_MAX_LEN];
+    if (!seed && algo == KVP_HASH_SHA256_CBOR) {
+        /* vLLM 0.32 without PYTHONHASHSEED, a cryptographic algorithm: the
+         * fixed default seed, so that independent engines agree. */
+        seed = KVP_HASH_DEFAULT_SEED;
+        seed_len = sizeof KVP_HASH_DEFAULT_SEED - 1;
+    } else if (!seed) {
+        /* ... a non-cryptographic one: os.urandom(32).hex(), kept secret. */
+        uint8_t r[KVP_HASH_MAX_LEN];
+        if ((st = kvp__random_bytes(r, sizeof r)) != KVP_OK)
             return st;
-        out_p->len = KVP_HASH_MAX_LEN;
-        kvp_warn("hash: no hash seed given: NONE_HASH is random, so no other process will "
-                 "produce the same block hashes (set the same PYTHONHASHSEED everywhere)");
-        return KVP_OK;
+        kvp_hash_t rh = {.len = KVP_HASH_MAX_LEN};
+        memcpy(rh.bytes, r, sizeof r);
+        char hex[KVP_HASH_HEX_MAX];
+        memcpy(random_seed, hex, kvp_hash_to_hex(&rh, hex));
+        seed = random_seed;
+        seed_len = sizeof random_seed;
+        kvp_warn("hash: no hash seed given for %s: NONE_HASH is random, so no other process "
+                 "will produce the same block hashes (set the same PYTHONHASHSEED everywhere)",
+                 kvp_hash_algo_name(algo));
     }
     if ((st = check_text("none_hash", "seed", seed, seed_len)) != KVP_OK)
         return st;
@@ -253,6 +265,48 @@ static void encode_tokens(kvp__cbor_t *c, token_view_t tv, size_t start, size_t 
     }
 }
 
+/* The extra keys, one spelling each (kvp_hash_keys_t): bare (vLLM 0.27)
+ * or tagged tuples (vLLM 0.32). */
+static void put_lora(kvp__cbor_t *c, kvp_hash_keys_t keys, const char *name, size_t len,
+                     const char *path, size_t path_len)
+{
+    if (keys == KVP_HASH_KEYS_TAGGED) {
+        kvp__cbor_array(c, 3);
+        kvp__cbor_text(c, "lora", 4);
+        kvp__cbor_text(c, name, len);
+        kvp__cbor_text(c, path ? path : "", path ? path_len : 0);
+        return;
+    }
+    kvp__cbor_text(c, name, len);
+}
+
+static void put_mm(kvp__cbor_t *c, kvp_hash_keys_t keys, const char *id, size_t len, int64_t offset)
+{
+    kvp__cbor_array(c, keys == KVP_HASH_KEYS_TAGGED ? 3 : 2);
+    if (keys == KVP_HASH_KEYS_TAGGED)
+        kvp__cbor_text(c, "mm", 2);
+    kvp__cbor_text(c, id, len);
+    kvp__cbor_int(c, offset);
+}
+
+static void put_salt(kvp__cbor_t *c, kvp_hash_keys_t keys, const char *salt, size_t len)
+{
+    if (keys == KVP_HASH_KEYS_TAGGED) {
+        kvp__cbor_array(c, 2);
+        kvp__cbor_text(c, "cache_salt", 10);
+    }
+    kvp__cbor_text(c, salt, len);
+}
+
+static void put_embeds(kvp__cbor_t *c, kvp_hash_keys_t keys, const uint8_t *digest)
+{
+    if (keys == KVP_HASH_KEYS_TAGGED) {
+        kvp__cbor_array(c, 2);
+        kvp__cbor_text(c, "prompt_embeds", 13);
+    }
+    kvp__cbor_bytes(c, digest, 32);
+}
+
 /* A block's CBOR up to its extra keys: [parent, tokens, extras] with
  * extras null when there are none (returns 0) or an array head of nextra
  * that the caller fills (returns 1). */
@@ -272,11 +326,18 @@ static int encode_head(kvp__cbor_t *c, const kvp_hash_t *parent, token_view_t tv
 
 /* The fields an extra-keys struct and a request share: lora_name,
  * cache_salt and an array of multimodal entries (`what`, n of them). */
-static kvp_status_t check_common(const char *fn, const char *lora, size_t lora_len, const char *salt,
-                                 size_t salt_len, const void *entries, size_t n, const char *what)
+static kvp_status_t check_common(const char *fn, kvp_hash_keys_t keys, const char *lora,
+                                 size_t lora_len, const char *path, size_t path_len,
+                                 const char *salt, size_t salt_len, const void *entries, size_t n,
+                                 const char *what)
 {
     kvp_status_t st;
+    if ((unsigned)keys > KVP_HASH_KEYS_TAGGED) {
+        kvp_error("hash: %s: unknown extra-keys spelling %d", fn, (int)keys);
+        return KVP_ERR_INVALID_ARG;
+    }
     if ((st = check_text(fn, "lora_name", lora, lora_len)) != KVP_OK ||
+        (st = check_text(fn, "lora_path", path, path_len)) != KVP_OK ||
         (st = check_text(fn, "cache_salt", salt, salt_len)) != KVP_OK)
         return st;
     if (n && !entries) {
@@ -288,8 +349,9 @@ static kvp_status_t check_common(const char *fn, const char *lora, size_t lora_l
 
 static kvp_status_t check_extra(const char *fn, const kvp_hash_extra_keys_t *x)
 {
-    kvp_status_t st = check_common(fn, x->lora_name, x->lora_name_len, x->cache_salt, x->cache_salt_len,
-                                   x->mm_keys, x->num_mm_keys, "mm_keys");
+    kvp_status_t st = check_common(fn, x->keys, x->lora_name, x->lora_name_len, x->lora_path,
+                                   x->lora_path_len, x->cache_salt, x->cache_salt_len, x->mm_keys,
+                                   x->num_mm_keys, "mm_keys");
     if (st != KVP_OK)
         return st;
     for (size_t i = 0; i < x->num_mm_keys; i++) {
@@ -330,17 +392,17 @@ static kvp_status_t hash_block(const char *fn, kvp_hash_algo_t algo, const kvp_h
     kvp__cbor_t c;
     kvp__cbor_init(&c, inline_buf, sizeof inline_buf);
     if (encode_head(&c, parent, tv, 0, num_tokens, nextra)) {
+        kvp_hash_keys_t k = extra->keys;
         if (extra->lora_name)
-            kvp__cbor_text(&c, extra->lora_name, extra->lora_name_len);
-        for (size_t i = 0; i < extra->num_mm_keys; i++) {
-            kvp__cbor_array(&c, 2);
-            kvp__cbor_text(&c, extra->mm_keys[i].identifier, extra->mm_keys[i].identifier_len);
-            kvp__cbor_int(&c, extra->mm_keys[i].offset);
-        }
+            put_lora(&c, k, extra->lora_name, extra->lora_name_len, extra->lora_path,
+                     extra->lora_path_len);
+        for (size_t i = 0; i < extra->num_mm_keys; i++)
+            put_mm(&c, k, extra->mm_keys[i].identifier, extra->mm_keys[i].identifier_len,
+                   extra->mm_keys[i].offset);
         if (with_salt)
-            kvp__cbor_text(&c, extra->cache_salt, extra->cache_salt_len);
+            put_salt(&c, k, extra->cache_salt, extra->cache_salt_len);
         if (extra->prompt_embeds_sha256)
-            kvp__cbor_bytes(&c, extra->prompt_embeds_sha256, 32);
+            put_embeds(&c, k, extra->prompt_embeds_sha256);
     }
     return digest_cbor(algo, &c, out_p);
 }
@@ -408,11 +470,8 @@ static int64_t mm_walk(const kvp_hash_request_t *req, int64_t start, int64_t end
             continue;
         }
         count++;
-        if (c) {
-            kvp__cbor_array(c, 2);
-            kvp__cbor_text(c, it->identifier, it->identifier_len);
-            kvp__cbor_int(c, it->offset - start);
-        }
+        if (c)
+            put_mm(c, req->keys, it->identifier, it->identifier_len, it->offset - start);
         if (end >= it->offset + it->length)
             cursor++;
         else
@@ -425,8 +484,10 @@ static int64_t mm_walk(const kvp_hash_request_t *req, int64_t start, int64_t end
 static kvp_status_t check_request(const char *fn, const kvp_hash_request_t *req,
                                   size_t total_blocks)
 {
-    kvp_status_t st = check_common(fn, req->lora_name, req->lora_name_len, req->cache_salt,
-                                   req->cache_salt_len, req->mm_items, req->num_mm_items, "mm_items");
+    kvp_status_t st = check_common(fn, req->keys, req->lora_name, req->lora_name_len,
+                                   req->lora_path, req->lora_path_len, req->cache_salt,
+                                   req->cache_salt_len, req->mm_items, req->num_mm_items,
+                                   "mm_items");
     if (st != KVP_OK)
         return st;
     for (size_t i = 0; i < req->num_mm_items; i++) {
@@ -514,12 +575,13 @@ static kvp_status_t request_blocks(const char *fn, kvp_hash_algo_t algo,
         kvp__cbor_reset(&c);
         if (encode_head(&c, parent, tv, (size_t)start, bs, nextra)) {
             if (req->lora_name)
-                kvp__cbor_text(&c, req->lora_name, req->lora_name_len);
+                put_lora(&c, req->keys, req->lora_name, req->lora_name_len, req->lora_path,
+                         req->lora_path_len);
             mm_walk(req, start, end, cursor, &c, &nmm);
             if (with_salt)
-                kvp__cbor_text(&c, req->cache_salt, req->cache_salt_len);
+                put_salt(&c, req->keys, req->cache_salt, req->cache_salt_len);
             if (req->prompt_embeds_sha256)
-                kvp__cbor_bytes(&c, req->prompt_embeds_sha256 + 32 * b, 32);
+                put_embeds(&c, req->keys, req->prompt_embeds_sha256 + 32 * b);
         }
         if ((st = kvp__cbor_status(&c)) != KVP_OK ||
             (st = digest(&d, c.data, c.len, &hashes[b])) != KVP_OK)

@@ -34,8 +34,9 @@ def xxhash_cbor(obj):
 HASH_FNS = {"sha256_cbor": sha256_cbor, "xxhash_cbor": xxhash_cbor}
 
 
-def mm_extra_keys(mm_items, start, end, start_idx):
-    """vLLM's _gen_mm_extra_hash_keys; mm_items: [(identifier, offset, length)] sorted."""
+def mm_extra_keys(mm_items, start, end, start_idx, tagged=False):
+    """vLLM's _gen_mm_extra_hash_keys; mm_items: [(identifier, offset, length)] sorted.
+    tagged: vLLM 0.32's ("mm", identifier, offset), else 0.27's (identifier, offset)."""
     keys = []
     if not mm_items:
         return keys, start_idx
@@ -51,7 +52,7 @@ def mm_extra_keys(mm_items, start, end, start_idx):
             if start >= off + length:
                 idx += 1
                 continue
-            keys.append((ident, off - start))
+            keys.append(("mm", ident, off - start) if tagged else (ident, off - start))
             if end >= off + length:
                 idx += 1
             else:
@@ -61,9 +62,13 @@ def mm_extra_keys(mm_items, start, end, start_idx):
     return keys, idx
 
 
-def block_hashes(algo, seed, block_size, tokens, lora=None, salt=None, mm_items=()):
-    """request.block_hashes for a request hashed from token 0 in one call."""
+def block_hashes(algo, seed, block_size, tokens, lora=None, salt=None, mm_items=(),
+                 keys="untagged", lora_path=""):
+    """request.block_hashes for a request hashed from token 0 in one call.
+    keys: "untagged" (vLLM 0.27's bare extra keys) or "tagged" (vLLM 0.32's
+    ("lora", name, path), ("mm", id, offset), ("cache_salt", salt))."""
     h = HASH_FNS[algo]
+    tagged = keys == "tagged"
     none_hash = h(seed)  # init_none_hash with PYTHONHASHSEED=seed
     out = []
     parent = None
@@ -71,9 +76,15 @@ def block_hashes(algo, seed, block_size, tokens, lora=None, salt=None, mm_items=
     start = 0
     while start + block_size <= len(tokens):
         end = start + block_size
-        mm_keys, mm_idx = mm_extra_keys(list(mm_items), start, end, mm_idx)
-        lora_keys = [lora] if lora is not None else []
-        salt_keys = [salt] if (start == 0 and salt) else []
+        mm_keys, mm_idx = mm_extra_keys(list(mm_items), start, end, mm_idx, tagged)
+        if lora is None:
+            lora_keys = []
+        else:
+            lora_keys = [("lora", lora, lora_path)] if tagged else [lora]
+        if start == 0 and salt:
+            salt_keys = [("cache_salt", salt)] if tagged else [salt]
+        else:
+            salt_keys = []
         extra = lora_keys + mm_keys + salt_keys
         extra = tuple(extra) if extra else None
         if not parent:
@@ -126,10 +137,14 @@ def rand_mm(rng, ntok):
     return items
 
 
-def run_cli(kvp_bin, algo, seed, block_size, tokens, lora, salt, mm_items):
-    args = [kvp_bin, "hash", "--algo", algo, "--seed", seed, "--block-size", str(block_size)]
+def run_cli(kvp_bin, algo, seed, block_size, tokens, lora, salt, mm_items, keys="untagged",
+            lora_path=""):
+    args = [kvp_bin, "hash", "--algo", algo, "--seed", seed, "--block-size", str(block_size),
+            "--keys", keys]
     if lora is not None:
         args += ["--lora", lora]
+        if keys == "tagged":
+            args += ["--lora-path", lora_path]
     if salt is not None:
         args += ["--salt", salt]
     for ident, off, length in mm_items:
@@ -191,11 +206,15 @@ def main():
         if kind < 0.25:  # a quarter without any extra key
             lora, salt, mm = None, None, []
         cases.append((algo, seed, block_size, tokens, lora, salt, mm))
+    # Every case in both spellings of the extra keys: vLLM 0.27's bare
+    # values and vLLM 0.32's tagged tuples (the LoRA path: random text).
+    cases = [c + ("untagged", "") for c in cases] + \
+            [c + ("tagged", rand_text(rng)) for c in cases]
 
     passed = failed = blocks = with_extras = 0
-    for i, (algo, seed, bs, tokens, lora, salt, mm) in enumerate(cases):
-        want = block_hashes(algo, seed, bs, tokens, lora, salt, mm)
-        r = run_cli(kvp_bin, algo, seed, bs, tokens, lora, salt, mm)
+    for i, (algo, seed, bs, tokens, lora, salt, mm, keys, lora_path) in enumerate(cases):
+        want = block_hashes(algo, seed, bs, tokens, lora, salt, mm, keys, lora_path)
+        r = run_cli(kvp_bin, algo, seed, bs, tokens, lora, salt, mm, keys, lora_path)
         got = r.stdout.decode("ascii", "replace").split()
         want_hex = [h.hex() for h in want]
         if r.returncode != 0 or got != want_hex:
@@ -216,9 +235,21 @@ def main():
     print("hash_ref: %d token sequences (%d with extra keys), %d block hashes compared"
           % (len(cases), with_extras, blocks))
 
+    # No --seed with sha256_cbor: vLLM 0.32's fixed seed "vllm-none-hash".
+    toks = [7, 8, 9, 10, 11, 12, 13, 14]
+    r = subprocess.run([kvp_bin, "hash", "--block-size", "4"] + [str(t) for t in toks],
+                       capture_output=True)
+    want = [h.hex() for h in block_hashes("sha256_cbor", "vllm-none-hash", 4, toks)]
+    if r.returncode != 0 or r.stdout.decode().split() != want:
+        failed += 1
+        print("FAIL no --seed: want the default seed 'vllm-none-hash' (%s), got %r"
+              % (want, r.stdout.decode()))
+    else:
+        passed += 1
+
     # Bad input: exit status 2, exactly one line on stderr, nothing on stdout.
     bad_inputs = [
-        ["hash", "--block-size", "4", "1", "2", "3", "4"],                     # no --seed
+        ["hash", "--algo", "xxhash_cbor", "--block-size", "4", "1", "2", "3", "4"],  # no --seed
         ["hash", "--seed", "0", "1", "2"],                                    # no --block-size
         ["hash", "--seed", "0", "--block-size", "4", "1", "x2"],              # bad token
         ["hash", "--seed", "0", "--block-size", "4", "99999999999999999999"], # overflow

