@@ -102,7 +102,12 @@ class HashRequest(ctypes.Structure):  # kvp_hash_request_t
                 ("mm_items", ctypes.c_void_p), ("num_mm_items", ctypes.c_size_t),
                 ("cache_salt", ctypes.c_char_p), ("cache_salt_len", ctypes.c_size_t),
                 ("prompt_embeds_sha256", ctypes.c_char_p),
-                ("num_prompt_embeds_blocks", ctypes.c_size_t)]
+                ("num_prompt_embeds_blocks", ctypes.c_size_t),
+                ("keys", ctypes.c_int), ("lora_path", ctypes.c_char_p),
+                ("lora_path_len", ctypes.c_size_t)]
+
+
+KVP_HASH_KEYS = {"untagged": 0, "tagged": 1}  # kvp_hash_keys_t
 
 
 # ---------------------------------------------------------------- kv_connector.h store keys

@@ -4,11 +4,17 @@ connector's store keys (include/kvpool/kv_connector.h, "Store keys").
 block_hashes() is vLLM's request.block_hashes for a prompt hashed from token
 0 (full blocks only, chained from NONE_HASH), for prefix_caching_hash_algo
 "sha256_cbor" (32-byte hashes) or "xxhash_cbor" (16 bytes).  seed is the
-engine's PYTHONHASHSEED string exactly as set; None means unset, which makes
-NONE_HASH 32 random bytes (nothing else can ever match those hashes).
+engine's PYTHONHASHSEED string exactly as set; None means unset, as vLLM 0.32
+treats it: sha256_cbor then uses the fixed seed "vllm-none-hash"
+(DEFAULT_SEED), xxhash_cbor a random one (nothing else can ever match those
+hashes).  vLLM up to 0.27 drew a random NONE_HASH for every algorithm.
 
-extra (optional dict) feeds vLLM's extra keys:
+keys is how the extra keys are spelled: "tagged" (vLLM 0.32, the default, as
+for `kvpool hash`: ("lora", name, path), ("mm", id, offset),
+("cache_salt", salt), ("prompt_embeds", digest)) or "untagged" (vLLM 0.27's
+bare values).  extra (optional dict) feeds them:
   lora_name             str: the request's LoRA adapter name (every block)
+  lora_path             str: its lora_path (tagged keys only; default "")
   mm_items              [(identifier, offset, length)], sorted by offset:
                         multimodal items in absolute token positions
   cache_salt            str: the request's cache salt (block 0 only)
@@ -19,10 +25,13 @@ import ctypes
 from . import _lib
 from .errors import raise_for
 
-__all__ = ["block_hashes", "none_hash", "store_key", "parse_store_key", "ALGOS"]
+__all__ = ["block_hashes", "none_hash", "store_key", "parse_store_key", "ALGOS",
+           "DEFAULT_SEED"]
 
 ALGOS = ("sha256_cbor", "xxhash_cbor")
-_EXTRA_KEYS = frozenset(("lora_name", "mm_items", "cache_salt", "prompt_embeds_sha256"))
+DEFAULT_SEED = "vllm-none-hash"  # KVP_HASH_DEFAULT_SEED
+_EXTRA_KEYS = frozenset(("lora_name", "lora_path", "mm_items", "cache_salt",
+                         "prompt_embeds_sha256"))
 
 
 def _algo(name):
@@ -54,14 +63,20 @@ def _bytes(h):
 
 
 def none_hash(algo, seed):
-    """NONE_HASH of algo for the PYTHONHASHSEED string seed (None: random)."""
+    """NONE_HASH of algo for the PYTHONHASHSEED string seed (None: unset, see
+    the module text)."""
     return _bytes(_none_hash(_algo(algo), seed))
 
 
-def _request(extra, keep):
+def _request(extra, keys, keep):
     """A kvp_hash_request_t from the extra dict; objects it points into are
     appended to keep."""
     req = _lib.HashRequest()
+    try:
+        req.keys = _lib.KVP_HASH_KEYS[keys]
+    except (KeyError, TypeError):
+        raise ValueError("kvpool.hash: keys must be 'tagged' or 'untagged', not %r"
+                         % (keys,)) from None
     if not extra:
         return req
     unknown = set(extra) - _EXTRA_KEYS
@@ -72,6 +87,10 @@ def _request(extra, keep):
     if lora is not None:
         b = _text(lora, "lora_name")
         req.lora_name, req.lora_name_len = b, len(b)
+    path = extra.get("lora_path")
+    if path is not None:
+        b = _text(path, "lora_path")
+        req.lora_path, req.lora_path_len = b, len(b)
     salt = extra.get("cache_salt")
     if salt is not None:
         b = _text(salt, "cache_salt")
@@ -94,7 +113,7 @@ def _request(extra, keep):
     return req
 
 
-def block_hashes(algo, seed, block_size, tokens, extra=None):
+def block_hashes(algo, seed, block_size, tokens, extra=None, keys="tagged"):
     """[bytes] per full block of tokens: vLLM's request.block_hashes."""
     a = _algo(algo)
     if not isinstance(block_size, int):
@@ -110,7 +129,7 @@ def block_hashes(algo, seed, block_size, tokens, extra=None):
     out = (_lib.Hash * max(nblocks, 1))()
     count = ctypes.c_size_t(0)
     keep = []
-    req = _request(extra, keep)
+    req = _request(extra, keys, keep)
     raise_for(_lib.kvp_hash_request_blocks_i64(a, ctypes.byref(nh), toks, len(toks), block_size,
                                                ctypes.byref(req), out, nblocks,
                                                ctypes.byref(count)))

@@ -32,12 +32,21 @@ def ref_extra(lora, salt, mm):
 @unittest.skipIf(hash_ref is None, "hash_ref.py needs cbor2 and xxhash: %s"
                  % (MISSING if hash_ref is None else ""))
 class HashVsPythonReferenceTest(unittest.TestCase):
-    def check(self, case):
+    def check(self, case, lora_path="lp/x"):
+        """Both spellings of the extra keys: vLLM 0.27's bare, 0.32's tagged."""
         algo, seed, bs, tokens, lora, salt, mm = case
-        want = hash_ref.block_hashes(algo, seed, bs, tokens, lora, salt, mm)
-        got = kh.block_hashes(algo, seed, bs, tokens, ref_extra(lora, salt, mm))
-        self.assertEqual(got, want, case[:3] + (len(tokens), lora, salt, mm))
-        return bool(lora is not None or salt or mm), len(want)
+        for keys in ("untagged", "tagged"):
+            want = hash_ref.block_hashes(algo, seed, bs, tokens, lora, salt, mm, keys, lora_path)
+            extra = ref_extra(lora, salt, mm)
+            if extra and keys == "tagged":
+                extra["lora_path"] = lora_path
+            got = kh.block_hashes(algo, seed, bs, tokens, extra, keys=keys)
+            self.assertEqual(got, want, case[:3] + (len(tokens), lora, salt, mm, keys))
+        tagged_differs = lora is not None or salt or mm
+        if tagged_differs and want:
+            self.assertNotEqual(kh.block_hashes(algo, seed, bs, tokens, ref_extra(lora, salt, mm),
+                                                keys="untagged"), want)
+        return bool(tagged_differs), len(want)
 
     def test_fixed_cases_both_algos_with_and_without_extra_keys(self):
         algos = set()
@@ -65,7 +74,8 @@ class HashVsPythonReferenceTest(unittest.TestCase):
                 lora, salt, mm = None, None, []
             seed_s = str(rng.randrange(2**32)) if rng.random() < 0.6 else hash_ref.rand_text(rng)
             with self.subTest(rng_seed=seed, case=i):
-                e, _n = self.check((algo, seed_s, bs, tokens, lora, salt, mm))
+                e, _n = self.check((algo, seed_s, bs, tokens, lora, salt, mm),
+                                   lora_path=hash_ref.rand_text(rng))
                 counts[(algo, e)] += 1
         self.assertTrue(all(counts.values()), counts)
 
@@ -78,19 +88,33 @@ class HashVsPythonReferenceTest(unittest.TestCase):
     def test_prompt_embeds_digests_are_the_last_extra_key(self):
         tokens = list(range(40))
         d0, d1 = hashlib.sha256(b"e0").digest(), hashlib.sha256(b"e1").digest()
-        got = kh.block_hashes("sha256_cbor", "0", 16, tokens,
-                              {"cache_salt": "s", "prompt_embeds_sha256": d0 + d1})
         nh = kh.none_hash("sha256_cbor", "0")
-        h0 = hashlib.sha256(cbor2.dumps([nh, tokens[:16], ["s", d0]], canonical=True)).digest()
-        h1 = hashlib.sha256(cbor2.dumps([h0, tokens[16:32], [d1]], canonical=True)).digest()
-        self.assertEqual(got, [h0, h1])
+        spellings = {
+            "untagged": (["s", d0], [d1]),
+            "tagged": ([["cache_salt", "s"], ["prompt_embeds", d0]], [["prompt_embeds", d1]]),
+        }
+        for keys, (x0, x1) in spellings.items():
+            with self.subTest(keys=keys):
+                got = kh.block_hashes("sha256_cbor", "0", 16, tokens,
+                                      {"cache_salt": "s", "prompt_embeds_sha256": d0 + d1},
+                                      keys=keys)
+                h0 = hashlib.sha256(cbor2.dumps([nh, tokens[:16], x0], canonical=True)).digest()
+                h1 = hashlib.sha256(cbor2.dumps([h0, tokens[16:32], x1], canonical=True)).digest()
+                self.assertEqual(got, [h0, h1])
+
+    def test_unset_seed_is_vllm_0_32s_fixed_seed_for_sha256_cbor(self):
+        self.assertEqual(kh.none_hash("sha256_cbor", None),
+                         hashlib.sha256(cbor2.dumps("vllm-none-hash", canonical=True)).digest())
 
 
 class HashVsCliTest(unittest.TestCase):
-    def cli(self, algo, seed, bs, tokens, lora=None, salt=None, mm=()):
-        args = [support.KVP_BIN, "hash", "--algo", algo, "--seed", seed, "--block-size", str(bs)]
+    def cli(self, algo, seed, bs, tokens, lora=None, salt=None, mm=(), keys="tagged"):
+        args = [support.KVP_BIN, "hash", "--algo", algo, "--seed", seed, "--block-size", str(bs),
+                "--keys", keys]
         if lora is not None:
             args += ["--lora", lora]
+            if keys == "tagged":
+                args += ["--lora-path", "/loras/a"]
         if salt is not None:
             args += ["--salt", salt]
         for ident, off, n in mm:
@@ -107,19 +131,38 @@ class HashVsCliTest(unittest.TestCase):
             ("sha256_cbor", "123", 32, seq, "lora-a", "salt", [("img", 10, 40)]),
             ("xxhash_cbor", "x", 8, seq + [-5, 2**40], "", None, [("a", 0, 4), ("b", 30, 9)]),
         ]
-        for algo, seed, bs, tokens, lora, salt, mm in cases:
-            with self.subTest(algo=algo, bs=bs, lora=lora):
-                want = self.cli(algo, seed, bs, tokens, lora, salt, mm)
+        for (algo, seed, bs, tokens, lora, salt, mm), keys in [
+                (c, k) for c in cases for k in ("tagged", "untagged")]:
+            with self.subTest(algo=algo, bs=bs, lora=lora, keys=keys):
+                want = self.cli(algo, seed, bs, tokens, lora, salt, mm, keys)
                 self.assertTrue(want)
-                self.assertEqual(kh.block_hashes(algo, seed, bs, tokens,
-                                                 ref_extra(lora, salt, mm)), want)
+                extra = ref_extra(lora, salt, mm)
+                if extra and lora is not None and keys == "tagged":
+                    extra["lora_path"] = "/loras/a"
+                self.assertEqual(kh.block_hashes(algo, seed, bs, tokens, extra, keys=keys), want)
                 self.assertEqual(len(want[0]), 32 if algo == "sha256_cbor" else 16)
+
+    def test_default_spelling_is_tagged_like_the_clis(self):
+        seq = list(range(64))
+        extra = {"lora_name": "l", "cache_salt": "s"}
+        out = subprocess.run([support.KVP_BIN, "hash", "--seed", "0", "--block-size", "16",
+                              "--lora", "l", "--salt", "s", "--"] + [str(t) for t in seq],
+                             check=True, stdout=subprocess.PIPE).stdout.decode()
+        default = kh.block_hashes("sha256_cbor", "0", 16, seq, extra)
+        self.assertEqual(default, [bytes.fromhex(x) for x in out.split()])
+        self.assertEqual(default, kh.block_hashes("sha256_cbor", "0", 16, seq,
+                                                  dict(extra, lora_path=""), keys="tagged"))
+        self.assertNotEqual(default, kh.block_hashes("sha256_cbor", "0", 16, seq, extra,
+                                                     keys="untagged"))
 
 
 class HashArgumentsTest(unittest.TestCase):
-    def test_unset_seed_gives_random_none_hashes(self):
-        a, b = kh.none_hash("sha256_cbor", None), kh.none_hash("sha256_cbor", None)
-        self.assertEqual(len(a), 32)
+    def test_unset_seed_fixed_for_sha256_cbor_random_for_xxhash_cbor(self):
+        self.assertEqual(kh.none_hash("sha256_cbor", None), kh.none_hash("sha256_cbor", kh.DEFAULT_SEED))
+        self.assertEqual(kh.block_hashes("sha256_cbor", None, 4, range(4)),
+                         kh.block_hashes("sha256_cbor", "vllm-none-hash", 4, range(4)))
+        a, b = kh.none_hash("xxhash_cbor", None), kh.none_hash("xxhash_cbor", None)
+        self.assertEqual(len(a), 16)
         self.assertNotEqual(a, b)
         self.assertNotEqual(kh.block_hashes("xxhash_cbor", None, 4, range(4)),
                             kh.block_hashes("xxhash_cbor", None, 4, range(4)))
@@ -148,6 +191,8 @@ class HashArgumentsTest(unittest.TestCase):
             kh.block_hashes("sha256_cbor", 0, 4, range(4))
         with self.assertRaises(ValueError):
             kh.block_hashes("sha256_cbor", "0", 4, range(4), {"lora": "x"})
+        with self.assertRaises(ValueError):
+            kh.block_hashes("sha256_cbor", "0", 4, range(4), keys="bare")
         for big in (1 << 63, -(1 << 63) - 1):  # would wrap silently in a C int64
             with self.assertRaises(ValueError):
                 kh.block_hashes("sha256_cbor", "0", 1, [1, big])
