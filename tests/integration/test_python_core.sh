@@ -1,0 +1,77 @@
+#!/bin/sh
+# The kvpool Python package's core (python/kvpool: Pool, errors, hash) over
+# the build's libkvpool.so: the unit tests of tests/python with the system
+# interpreter (they start their own kvpool server for the kvpool:// suite),
+# then `pip install ./python` into a fresh venv and one put/get from it with
+# the library the install carried.  Skipped under ASan: ctypes cannot load an
+# ASan-instrumented .so into an uninstrumented interpreter (ctest label
+# no_asan, so `make test-asan` leaves it out; run anyway, it exits 77, which
+# ctest reports as skipped).
+set -u
+if [ "${KVP_SANITIZE:-}" = 1 ]; then
+    echo "skip test_python_core: ASan build (an uninstrumented python3 cannot load an ASan libkvpool.so)"
+    exit 77
+fi
+SRC=${KVP_SOURCE_DIR:-.}
+: "${KVP_LIB:?KVP_LIB must name libkvpool.so}"
+: "${KVP_BIN:?KVP_BIN must name the kvpool binary}"
+. "$SRC/tests/integration/checks.sh"
+# /usr/bin/python3 is Debian's, with python3-cbor2 and python3-xxhash (the
+# hash reference needs them); another python3 on PATH otherwise.
+PY=${KVP_PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=python3
+T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-pycore.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+
+# unittest prints "Ran N tests" and OK/FAILED; the counts go into the summary.
+run_unit() { # module
+    PYTHONPATH="$SRC/python:$SRC/tests/python" KVPOOL_LIB="$KVP_LIB" \
+        "$PY" -m unittest -v "$1" >"$T/$1.log" 2>&1
+    rc=$?
+    grep -E '^(Ran |OK|FAILED)|(ERROR|FAIL|skipped)' "$T/$1.log" | grep -v ' kvpool [EW] ' | sed "s/^/  $1: /"
+    [ $rc -eq 0 ] || sed 's/^/    /' "$T/$1.log" | tail -n 60
+    return $rc
+}
+cd "$SRC/tests/python" || exit 1
+check unit_test_errors run_unit test_errors
+check unit_test_hash run_unit test_hash
+check unit_test_pool run_unit test_pool
+cd "$T" || exit 1
+
+# The bench runs (small), both sides report a rate, and the JSON has the ratio.
+bench_smoke() {
+    PYTHONPATH="$SRC/python" KVPOOL_LIB="$KVP_LIB" "$PY" -m kvpool.bench --kvpool-bin "$KVP_BIN" \
+        --uri 'embedded://?capacity=64MiB' --size 64KiB --count 50 --rounds 1 --json >"$T/bench.json" &&
+        "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["c_gbps"] > 0 and r["python_gbps"] > 0, r; print("  bench: C %.2f GB/s, Python %.2f GB/s (64 KiB, tiny run)" % (r["c_gbps"], r["python_gbps"]))' "$T/bench.json"
+}
+check bench_smoke bench_smoke
+
+# pip install ./python into a venv, offline.  Debian's venv has pip and
+# setuptools but not wheel; --system-site-packages lends it python3-wheel.
+pip_install() {
+    "$PY" -m venv --system-site-packages "$T/venv" >"$T/venv.log" 2>&1 || return 1
+    cp -R "$SRC/python" "$T/src" && rm -rf "$T/src/build" "$T/src/kvpool/libkvpool.so"*
+    KVPOOL_LIB="$KVP_LIB" "$T/venv/bin/python" -m pip install -q --no-index --no-build-isolation \
+        "$T/src" >>"$T/venv.log" 2>&1
+}
+# From the venv, without KVPOOL_LIB: the package must use the copy it carries.
+venv_put_get() {
+    env -u KVPOOL_LIB -u PYTHONPATH "$T/venv/bin/python" -c '
+import os, sys, kvpool
+assert kvpool.__file__.startswith(sys.prefix), kvpool.__file__
+assert kvpool.LIB_PATH == os.path.join(os.path.dirname(kvpool.__file__), "libkvpool.so.0"), kvpool.LIB_PATH
+with kvpool.Pool("embedded://?capacity=4MiB") as p:
+    p.put("venv-key", b"venv-value")
+    assert p.get("venv-key") == b"venv-value"
+print("  venv: kvpool %s from %s" % (kvpool.__version__, kvpool.LIB_PATH))
+'
+}
+if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "skip pip_install: $PY has no venv/ensurepip module (Debian: apt-get install python3-venv)"
+elif ! "$PY" -c 'import setuptools, wheel' 2>/dev/null; then
+    echo "skip pip_install: $PY lacks setuptools or wheel for an offline --no-build-isolation install (apt-get install python3-setuptools python3-wheel)"
+else
+    check pip_install_python pip_install || tail -n 20 "$T/venv.log"
+    [ -x "$T/venv/bin/python" ] && check venv_import_put_get venv_put_get
+fi
+checks_end
