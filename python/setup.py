@@ -6,7 +6,9 @@ the installed package finds it without KVPOOL_LIB.  Which one:
   $KVPOOL_LIB if set at install time, else ../build/libkvpool.so.0 (or .so)
   next to this directory (the repository's release build), else none: the
   installed package then looks at $KVPOOL_LIB and the system loader at
-  import (kvpool/_lib.py).
+  import (kvpool/_lib.py).  KVPOOL_CARRY_LIB=0 carries none (the vLLM test
+  venv: scripts/vllm-env.sh installs the package while C may still be
+  building, and its tests name the library with $KVPOOL_LIB).
 """
 import os
 import shutil
@@ -18,6 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _find_lib():
+    if os.environ.get("KVPOOL_CARRY_LIB") == "0":
+        return None
     env = os.environ.get("KVPOOL_LIB")
     if env:
         return env if os.path.isfile(env) else None

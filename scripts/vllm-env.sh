@@ -39,9 +39,10 @@ if [ ! -f "$venv/.complete" ]; then
     touch "$venv/.complete"
 fi
 # The kvpool package, every time (pure Python, quick): the venv outlives
-# changes to python/.
+# changes to python/.  Without a copy of libkvpool.so (C may still be
+# building): the tests name it with KVPOOL_LIB.
 if [ -f "$here/python/pyproject.toml" ]; then
-    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
+    KVPOOL_CARRY_LIB=0 "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
         --force-reinstall "$here/python" >&2
 fi
 echo "$venv"

@@ -16,7 +16,7 @@ if [ "$venv_rc" = 77 ]; then
 fi
 [ "$venv_rc" = 0 ] || { echo "FAIL scripts/vllm-env.sh exited $venv_rc"; exit 1; }
 PY="$venv/bin/python"
-export HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR
+export HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR KVPOOL_LIB="${KVP_LIB:-build/libkvpool.so}"
 check vllm_hash_seed_0 env PYTHONHASHSEED=0 "$PY" "$SRC/tests/vllm/hash_vs_vllm.py" "$KVP" 1
 check vllm_hash_seed_max env PYTHONHASHSEED=4294967295 "$PY" "$SRC/tests/vllm/hash_vs_vllm.py" "$KVP" 2
 check vllm_hash_no_seed env -u PYTHONHASHSEED "$PY" "$SRC/tests/vllm/hash_vs_vllm.py" "$KVP" 3

@@ -1,6 +1,7 @@
 """vLLM's own block hashing (vllm.v1.core.kv_cache_utils, the installed 0.32)
 against kvpool's (`kvpool hash`, the C hasher of include/kvpool/hash.h):
-sha256_cbor and xxhash_cbor, with and without extra keys (LoRA name and
+and the kvpool package's (kvpool.hash): sha256_cbor and xxhash_cbor, with
+and without extra keys (LoRA name and
 path, multimodal items, cache salt), fixed and random cases; and NONE_HASH
 without PYTHONHASHSEED (vLLM 0.32: sha256_cbor's fixed seed).
 
@@ -50,6 +51,19 @@ def kvpool_hashes(kvp, algo, bs, toks, seed, lora=None, lora_path="", salt=None,
     return r.stdout.split()
 
 
+def package_hashes(algo, bs, toks, seed, lora=None, lora_path="", salt=None, mm=()):
+    """The same through the kvpool package (kvpool.hash over libkvpool.so)."""
+    from kvpool import hash as kh
+    extra = {}
+    if lora is not None:
+        extra["lora_name"], extra["lora_path"] = lora, lora_path
+    if salt is not None:
+        extra["cache_salt"] = salt
+    if mm:
+        extra["mm_items"] = list(mm)
+    return [h.hex() for h in kh.block_hashes(algo, seed, bs, toks, extra=extra or None)]
+
+
 def main():
     kvp = sys.argv[1]
     rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
@@ -87,12 +101,15 @@ def main():
             for bs in (16, 32):
                 want = vllm_hashes(algo, bs, toks, **c)
                 got = kvpool_hashes(kvp, algo, bs, toks, seed, **c)
+                pkg = package_hashes(algo, bs, toks, seed, **c)
                 total += 1
-                if want == got and want:
+                if want == got == pkg and want:
                     ok += 1
                 else:
-                    print("MISMATCH %s bs=%d %r: vllm %s kvpool %s" % (algo, bs, c, want[:1], got[:1]))
-    print("hash_vs_vllm: %d of %d token lists hashed alike by vLLM %s and kvpool (PYTHONHASHSEED=%s)"
+                    print("MISMATCH %s bs=%d %r: vllm %s kvpool hash %s kvpool.hash %s"
+                          % (algo, bs, c, want[:1], got[:1], pkg[:1]))
+    print("hash_vs_vllm: %d of %d token lists hashed alike by vLLM %s, kvpool hash and "
+          "kvpool.hash (PYTHONHASHSEED=%s)"
           % (ok, total, __import__("vllm").__version__, seed))
     return 0 if ok == total else 1
 
