@@ -338,7 +338,16 @@ static bool meta_ok(const kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
                  m->block_ids.num_groups, w->ngroups);
         return false;
     }
-    for (uint32_t g = 0; g < m->block_ids.num_groups; g++)
+    if (m->block_ids.num_groups && !m->block_ids.groups) {
+        kvp_warn("kv worker: %s: %u block-id groups at NULL", m->req_id, m->block_ids.num_groups);
+        return false;
+    }
+    for (uint32_t g = 0; g < m->block_ids.num_groups; g++) {
+        if (m->block_ids.groups[g].n && !m->block_ids.groups[g].ids) {
+            kvp_warn("kv worker: %s: group %u has %zu block ids at NULL", m->req_id, g,
+                     m->block_ids.groups[g].n);
+            return false;
+        }
         for (size_t i = 0; i < m->block_ids.groups[g].n; i++) {
             int64_t b = m->block_ids.groups[g].ids[i];
             if (b < 0 || (uint64_t)b >= w->num_blocks) {
@@ -347,6 +356,7 @@ static bool meta_ok(const kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
                 return false;
             }
         }
+    }
     if (m->num_partial_tail_offloads && !m->partial_tail_offloads)
         return false;
     for (size_t i = 0; i < m->num_partial_tail_offloads; i++) {
@@ -366,7 +376,7 @@ static bool meta_ok(const kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
 }
 
 /* The deep copy of m (see kv_worker_int.h, "Jobs"). */
-static kvp__kvw_job_t *job_copy(const kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
+static kvp__kvw_job_t *job_copy(const kvp_kv_req_meta_t *m)
 {
     uint32_t ng = m->block_ids.num_groups;
     size_t idlen = strlen(m->req_id) + 1, nids = 0;
@@ -379,7 +389,6 @@ static kvp__kvw_job_t *job_copy(const kvp_kv_worker_t *w, const kvp_kv_req_meta_
     kvp__kvw_job_t *j = kvp__calloc(1, sz);
     if (!j)
         return NULL;
-    (void)w;
     j->alloc_size = sz;
     uint8_t *p = (uint8_t *)(j + 1);
     const int64_t **idp = (const int64_t **)p;
@@ -465,8 +474,9 @@ void kvp__kvw_load_report(kvp_kv_worker_t *w, const char *req_id, const int64_t 
 static void load_meta_fails(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
 {
     pthread_mutex_lock(&w->mu);
-    for (uint32_t g = 0; g < m->block_ids.num_groups; g++)
-        add_errors_locked(w, m->block_ids.groups[g].ids, m->block_ids.groups[g].n);
+    for (uint32_t g = 0; m->block_ids.groups && g < m->block_ids.num_groups; g++)
+        if (m->block_ids.groups[g].ids) /* (meta_ok refused NULL lists: nothing to name) */
+            add_errors_locked(w, m->block_ids.groups[g].ids, m->block_ids.groups[g].n);
     if (m->req_id && strs_add(&w->recv_done, m->req_id) != KVP_OK)
         kvp_error("kv worker: out of memory reporting %s as loaded", m->req_id);
     pthread_mutex_unlock(&w->mu);
@@ -496,7 +506,7 @@ static kvp_status_t queue_save(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
         atomic_fetch_add(&w->c.bad_metas, 1);
         return KVP_OK; /* skipped (logged) */
     }
-    kvp__kvw_job_t *j = job_copy(w, m);
+    kvp__kvw_job_t *j = job_copy(m);
     if (!j)
         return KVP_ERR_NO_MEMORY;
     size_t idlen = strlen(m->req_id);
@@ -541,7 +551,7 @@ static kvp_status_t queue_load(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
         load_meta_fails(w, m);
         return KVP_OK;
     }
-    kvp__kvw_job_t *j = job_copy(w, m);
+    kvp__kvw_job_t *j = job_copy(m);
     if (!j)
         return KVP_ERR_NO_MEMORY;
     pthread_mutex_lock(&w->mu);

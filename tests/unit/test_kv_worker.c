@@ -229,6 +229,16 @@ TEST(test_bad_block_ids_fail_the_meta)
     const char *fin[] = {"s"};
     out = fx_step(w, NULL, 0, fin, 1);
     ASSERT_EQ(out.num_sending, 0); /* ... and never stored */
+    /* A caller's NULL id list (with a count) fails its meta the same way:
+     * the load still reported, nothing read through the NULL. */
+    fx_meta(&l, "n", 48, bad, 3, 1, 3);
+    fx_load(&l, 0, 48);
+    l.g[0].ids = NULL;
+    fx_meta_t *one[1] = {&l};
+    out = fx_step(w, one, 1, NULL, 0);
+    ASSERT(fx_has(out.recving, out.num_recving, "n"));
+    ASSERT_EQ(fx_errors(w, e, 8), 0);
+    ASSERT_EQ(fx_stats(w).load_errors, 3); /* (the first meta's three) */
     kvp_kv_worker_destroy(w);
     fx_cache_free(&c);
     kvp_pool_close(pool);
