@@ -367,7 +367,7 @@ def summarize(cold, warm):
     cold_ttft = med(r["ttft"] for r in cold["prompts"])
     warm_ttft = med(r["ttft"] for r in warm["prompts"])
     base = med(r["ttft"] for r in warm["baseline"])
-    loaded = med(r["cached"] for r in warm["prompts"]) // BLOCK * bytes_per_block()
+    loaded = int(med(r["cached"] for r in warm["prompts"])) // BLOCK * bytes_per_block()
     load_s = warm_ttft - base
     stats_gbps, stats_bytes = stats_load_rate(warm["stats"])
     mismatched = [i for i, (c, w) in enumerate(zip(cold["prompts"], warm["prompts"]))
@@ -375,6 +375,9 @@ def summarize(cold, warm):
     return {"cold_ttft": cold_ttft, "warm_ttft": warm_ttft, "baseline_ttft": base,
             "loaded_bytes": loaded, "load_gbps": loaded / load_s / 1e9 if load_s > 0 and loaded else None,
             "stats_gbps": stats_gbps, "stats_bytes": stats_bytes,
+            "cold_ttfts": [r["ttft"] for r in cold["prompts"]],
+            "warm_ttfts": [r["ttft"] for r in warm["prompts"]],
+            "baseline_ttfts": [r["ttft"] for r in warm["baseline"]],
             "hits": [r["cached"] for r in warm["prompts"]], "cold_hits": [r["cached"] for r in cold["prompts"]],
             "mismatched": mismatched,
             "ttft_source": sorted({r["ttft_source"] for r in cold["prompts"] + warm["prompts"]}),
