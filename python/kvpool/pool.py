@@ -36,6 +36,7 @@ _get_buffer, _release_buffer = _lib.get_buffer, _lib.release_buffer
 _KEY_LEN_CAP = _lib.KVP_KEY_MAX + 1  # longer keys are passed as this length: refused, never read
 _BUFFER_TOO_SMALL = -6
 _CLOSED = -43
+_BUSY = -22
 _NOT_FOUND = -40
 
 
@@ -145,6 +146,7 @@ class Pool:
             raise TypeError("kvpool.Pool uri must be str, not %s" % type(uri).__name__)
         self._uri = uri
         self._h = None
+        self._users = 0  # kvpool.kv objects using the C pool: close() is refused meanwhile
         h = ctypes.c_void_p()
         raise_for(_lib.kvp_pool_open(uri.encode("utf-8"), _byref(h)),
                   None)
@@ -159,7 +161,11 @@ class Pool:
         return self._h is None
 
     def close(self, _close=_lib.kvp_pool_close):  # (bound early: __del__ at exit)
-        """Closes the pool (waits for calls in flight); a second close is a no-op."""
+        """Closes the pool (waits for calls in flight); a second close is a no-op.
+        kvpool.Busy while a kvpool.kv object (LookupPool, Worker) still uses it."""
+        if self._users:
+            raise error_for(_BUSY)("kvpool.Pool %r is still used by %d kvpool.kv object(s); "
+                                   "close them first" % (self._uri, self._users), status=_BUSY)
         h, self._h = self._h, None
         if h is not None:
             _close(h)
