@@ -39,11 +39,13 @@ TensorLayoutError (both kvpool.InvalidArg and ValueError) naming every
 tensor's shape and strides.
 """
 import collections
+import collections.abc
 import ctypes
 import dataclasses
 import operator
 
 from . import _lib
+from ._handle import Handle
 from .errors import error_for, raise_for
 from .pool import Pool
 
@@ -175,10 +177,6 @@ def _metrics(fn, h):
     return buf.raw[:n.value].decode()
 
 
-def _fields(s, names):
-    return {f: getattr(s, f) for f in names}
-
-
 # ---------------------------------------------------------------- plain data
 @dataclasses.dataclass(frozen=True)
 class CacheGroup:
@@ -192,9 +190,10 @@ class CacheGroup:
 
     def __post_init__(self):
         _kind(self.kind)
-        _int("CacheGroup.block_size", self.block_size)
+        set_ = object.__setattr__  # (frozen) the ints as plain int
+        set_(self, "block_size", _int("CacheGroup.block_size", self.block_size))
         _bool("CacheGroup.mamba_align", self.mamba_align)
-        _int("CacheGroup.sliding_window", self.sliding_window)
+        set_(self, "sliding_window", _int("CacheGroup.sliding_window", self.sliding_window))
         _bool("CacheGroup.eagle", self.eagle)
 
 
@@ -416,12 +415,10 @@ def ipc_endpoint(base_path, rpc_port, hostname=None, dp_rank=0):
 
 
 # ---------------------------------------------------------------- handles
-class _Handle:
-    """A C object: its handle, what it keeps alive and the retain count that
-    refuses close() while another object uses it (see the module text)."""
+class _Handle(Handle):
+    """A C object: its handle, what it keeps alive (_deps, whose _users it
+    counts in) and retain()/release() (see the module text)."""
 
-    _h = None
-    _users = 0
     _deps = ()
 
     def _hold(self, *deps):
@@ -461,28 +458,45 @@ class _Handle:
         nothing closed) while another live object uses this one."""
         if self._h is None:
             return
-        if self._users:
-            raise error_for(_BUSY)("kvpool.kv.%s is still used by %d object(s); close them first"
-                                   % (type(self).__name__, self._users), status=_BUSY)
+        self._refuse_if_used()
         h, self._h = self._h, None
         self._destroy(h)
         for d in self._deps:
             d._users -= 1
         self._deps = ()
 
-    def __enter__(self):
-        self._handle()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if self._h is not None:
-            self.close()
-
     def __repr__(self):
         return "<kvpool.kv.%s%s>" % (type(self).__name__, " closed" if self._h is None else "")
+
+    def _stats(self, fn, cls, names):
+        """A kvp_*_stats struct as a dict of its fields."""
+        s = cls()
+        fn(self._handle(), _byref(s))
+        return {f: getattr(s, f) for f in names}, s
+
+
+class _ClientView(_Handle):
+    """A kvp_kv_lookup_client_t implementation: .client and its reset op."""
+
+    _client = None
+
+    def _local(self):
+        """The handle, when this thread may use the client now."""
+        return self._handle()
+
+    @property
+    def client(self):
+        """The kvp_kv_lookup_client_t (ctypes structure; retain() while C holds it)."""
+        self._handle()
+        return self._client
+
+    def reset(self):
+        """The RESET op (every object of the pool removed); True on ACK."""
+        self._local()
+        ops = _lib.KvLookupOps.from_address(self._client.ops)
+        ack = ctypes.c_bool(False)
+        raise_for(_lib.KvResetFn(ops.reset)(self._client.ctx, _byref(ack)))
+        return ack.value
 
 
 def _pool_handle(pool):
@@ -517,15 +531,7 @@ def _fill_layout(p, keep, model, cache_prefix, groups, group_kind, block_size, h
     p.use_eagle = _bool("use_eagle", use_eagle)
 
 
-def _client_reset(client):
-    """Calls a kvp_kv_lookup_client_t's reset op: True on ACK."""
-    ops = _lib.KvLookupOps.from_address(client.ops)
-    ack = ctypes.c_bool(False)
-    raise_for(_lib.KvResetFn(ops.reset)(client.ctx, _byref(ack)))
-    return ack.value
-
-
-class LookupPool(_Handle):
+class LookupPool(_ClientView):
     """The in-process pool lookup (kvp_kv_lookup_pool_t) over a kvpool.Pool.
     query() gives the hit length of a prefix; .client is its
     kvp_kv_lookup_client_t (a ctypes structure, valid while this object is
@@ -553,22 +559,17 @@ class LookupPool(_Handle):
     def _destroy(self, h, _destroy=_lib.kvp_kv_lookup_pool_destroy):
         _destroy(h)
 
-    def _unserved(self):
+    def _local(self):
         h = self._handle()
         if self._served:
             raise error_for(_BUSY)("kvpool.kv.LookupPool is served by a LookupServer (one "
                                    "thread at a time): ask through a LookupClient", status=_BUSY)
         return h
 
-    @property
-    def client(self):
-        self._handle()
-        return self._client
-
     def query(self, num_tokens, hashes, apply_eagle=False, *, hash_len=None):
         """LookupResult(hit, reason) for a request of num_tokens tokens whose
         block hashes (at hash_block_size granularity) are hashes."""
-        h = self._unserved()
+        h = self._local()
         b, n, hl = _hashes(hashes, hash_len)
         r = self._res
         raise_for(_lib.kvp_kv_lookup_pool_query(h, _int("num_tokens", num_tokens), b or None, n,
@@ -576,16 +577,10 @@ class LookupPool(_Handle):
         return LookupResult(r.hit_tokens, _REASONS[r.reason] if 0 <= r.reason < len(_REASONS)
                             else "unknown", r.group_id, r.block_index, r.keys_probed)
 
-    def reset(self):
-        """Removes every object of the pool (the RESET op); True on ACK."""
-        self._unserved()
-        return _client_reset(self._client)
-
     def stats(self):
         """kvp_kv_lookup_stats_t as a dict; "reasons" maps reason names to counts."""
-        s = _lib.KvLookupStats()
-        _lib.kvp_kv_lookup_pool_stats(self._handle(), _byref(s))
-        d = _fields(s, _lib.KV_LOOKUP_STATS_FIELDS)
+        d, s = self._stats(_lib.kvp_kv_lookup_pool_stats, _lib.KvLookupStats,
+                           _lib.KV_LOOKUP_STATS_FIELDS)
         d["reasons"] = dict(zip(_REASONS, s.reasons))
         return d
 
@@ -607,7 +602,7 @@ class LookupServer(_Handle):
         p.endpoint = _text("endpoint", endpoint)  # (the struct keeps the bytes)
         if max_hashes is not None:
             p.max_hashes = _int("max_hashes", max_hashes, 1, _U32)
-        p.lookup = lookup._unserved()
+        p.lookup = lookup._local()
         if drain is not None:
             p.drain, p.drain_arg = _DRAIN, drain._handle()
         h = ctypes.c_void_p()
@@ -629,16 +624,15 @@ class LookupServer(_Handle):
         return self._endpoint
 
     def stats(self):
-        s = _lib.KvLookupServerStats()
-        _lib.kvp_kv_lookup_server_stats(self._handle(), _byref(s))
-        return _fields(s, _lib.KV_SERVER_STATS_FIELDS)
+        return self._stats(_lib.kvp_kv_lookup_server_stats, _lib.KvLookupServerStats,
+                           _lib.KV_SERVER_STATS_FIELDS)[0]
 
     def metrics(self):
         """Prometheus text of the server's and its lookup's counters (kvpool_lookup_*)."""
         return _metrics(_lib.kvp_kv_lookup_server_metrics, self._handle())
 
 
-class LookupClient(_Handle):
+class LookupClient(_ClientView):
     """The ZeroMQ lookup client (kvp_kv_lookup_zmq_t).  query() is one
     blocking LOOKUP; .client is its kvp_kv_lookup_client_t (as LookupPool's)."""
 
@@ -659,11 +653,6 @@ class LookupClient(_Handle):
     def _destroy(self, h, _destroy=_lib.kvp_kv_lookup_zmq_destroy):
         _destroy(h)
 
-    @property
-    def client(self):
-        self._handle()
-        return self._client
-
     def query(self, num_tokens, hashes, *, hash_len=None):
         """The hit in tokens; kvpool.Timeout, kvpool.Io or kvpool.Decode on failure."""
         h = self._handle()
@@ -673,15 +662,9 @@ class LookupClient(_Handle):
                                                hl, _byref(hit)))
         return hit.value
 
-    def reset(self):
-        """RESET through the client's I/O thread; True on ACK."""
-        self._handle()
-        return _client_reset(self._client)
-
     def stats(self):
-        s = _lib.KvLookupZmqStats()
-        _lib.kvp_kv_lookup_zmq_stats(self._handle(), _byref(s))
-        return _fields(s, _lib.KV_ZMQ_STATS_FIELDS)
+        return self._stats(_lib.kvp_kv_lookup_zmq_stats, _lib.KvLookupZmqStats,
+                           _lib.KV_ZMQ_STATS_FIELDS)[0]
 
 
 def _tensor(t):
@@ -820,9 +803,8 @@ class Worker(_Handle):
         raise_for(_lib.kvp_kv_worker_drain(self._handle()))
 
     def stats(self):
-        s = _lib.KvWorkerStats()
-        _lib.kvp_kv_worker_stats(self._handle(), _byref(s))
-        return _fields(s, _lib.KV_WORKER_STATS_FIELDS)
+        return self._stats(_lib.kvp_kv_worker_stats, _lib.KvWorkerStats,
+                           _lib.KV_WORKER_STATS_FIELDS)[0]
 
     def metrics(self):
         """Prometheus text of the worker's counters (kvpool_kv_worker_*)."""

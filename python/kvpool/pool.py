@@ -24,6 +24,7 @@ import collections
 import ctypes
 
 from . import _lib
+from ._handle import Handle
 from .errors import Error, error_for, raise_for
 
 __all__ = ["Pool", "KeyResult"]
@@ -36,7 +37,6 @@ _get_buffer, _release_buffer = _lib.get_buffer, _lib.release_buffer
 _KEY_LEN_CAP = _lib.KVP_KEY_MAX + 1  # longer keys are passed as this length: refused, never read
 _BUFFER_TOO_SMALL = -6
 _CLOSED = -43
-_BUSY = -22
 _NOT_FOUND = -40
 
 
@@ -135,7 +135,7 @@ def _results(res):
     return [KeyResult(r.status, bool(r.flags & 1), r.size) for r in res]
 
 
-class Pool:
+class Pool(Handle):
     """A kvpool pool: Pool("embedded://?capacity=1GiB") or Pool("kvpool://HOST:PORT").
 
     Keys are bytes or str (UTF-8), 1..512 bytes.  See the module text for values
@@ -146,7 +146,6 @@ class Pool:
             raise TypeError("kvpool.Pool uri must be str, not %s" % type(uri).__name__)
         self._uri = uri
         self._h = None
-        self._users = 0  # kvpool.kv objects using the C pool: close() is refused meanwhile
         h = ctypes.c_void_p()
         raise_for(_lib.kvp_pool_open(uri.encode("utf-8"), _byref(h)),
                   None)
@@ -163,23 +162,10 @@ class Pool:
     def close(self, _close=_lib.kvp_pool_close):  # (bound early: __del__ at exit)
         """Closes the pool (waits for calls in flight); a second close is a no-op.
         kvpool.Busy while a kvpool.kv object (LookupPool, Worker) still uses it."""
-        if self._users:
-            raise error_for(_BUSY)("kvpool.Pool %r is still used by %d kvpool.kv object(s); "
-                                   "close them first" % (self._uri, self._users), status=_BUSY)
+        self._refuse_if_used()
         h, self._h = self._h, None
         if h is not None:
             _close(h)
-
-    def __enter__(self):
-        self._handle()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
 
     def __repr__(self):
         return "<kvpool.Pool %r%s>" % (self._uri, " closed" if self._h is None else "")
