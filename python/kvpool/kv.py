@@ -63,7 +63,7 @@ _INVALID_ARG, _BUFFER_TOO_SMALL, _BUSY, _CLOSED = -1, -6, -22, -43
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _REASONS = tuple(_lib.kvp_kv_miss_reason_name(r).decode() for r in range(_lib.KVP_KV_MISS_COUNT))
-_DRAIN = ctypes.cast(_lib.kvp_kv_worker_drain, ctypes.c_void_p).value  # kvp_kv_worker_drain's address
+_DRAIN = ctypes.cast(_lib.kvp_kv_worker_drain, ctypes.c_void_p).value  # its C address
 
 
 class TensorLayoutError(error_for(_INVALID_ARG), ValueError):
