@@ -1,5 +1,5 @@
 #!/bin/sh
-# The kvpool Python package's core (python/kvpool: Pool, errors, hash) over
+# The kvpool Python package's core (python/kvpool: Pool, errors, hash, kv) over
 # the build's libkvpool.so: the unit tests of tests/python with the system
 # interpreter (they start their own kvpool server for the kvpool:// suite),
 # then `pip install ./python` into a fresh venv and one put/get from it with
@@ -36,6 +36,7 @@ cd "$SRC/tests/python" || exit 1
 check unit_test_errors run_unit test_errors
 check unit_test_hash run_unit test_hash
 check unit_test_pool run_unit test_pool
+check unit_test_kv run_unit test_kv
 cd "$T" || exit 1
 
 # The bench runs (small), both sides report a rate, and the JSON has the ratio.
