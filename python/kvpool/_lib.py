@@ -35,8 +35,8 @@ def _load():
         if where == "package copy" and not os.path.exists(p):
             tried.append("%s %s: not installed" % (where, p))
             continue
-        try:
-            return ctypes.CDLL(p), p
+        try:  # RTLD_GLOBAL: kvpool._kvsched takes its symbols from this library
+            return ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL), p
         except OSError as e:
             tried.append("%s %s: %s" % (where, p, e))
     raise ImportError("kvpool: cannot load libkvpool.so; tried:\n  " + "\n  ".join(tried) +
@@ -356,6 +356,7 @@ _SIGS = {
     "kvp_kv_worker_register": (c_status, [_v, _P(KvCacheTensor), ctypes.c_size_t,
                                           ctypes.c_uint64]),
     "kvp_kv_worker_get_finished": (c_status, [_v, _v, _v, ctypes.c_size_t, _P(KvFinished)]),
+    "kvp_kv_worker_load_now": (c_status, [_v, _v]),
     "kvp_kv_worker_load_errors": (c_status, [_v, _P(_v), c_size_p]),
     "kvp_kv_worker_drain": (c_status, [_v]),
     "kvp_kv_worker_stats": (None, [_v, _P(KvWorkerStats)]),

@@ -678,12 +678,16 @@ def _tensor(t):
     if dev != "cpu":
         raise ValueError("kvpool.kv: the worker copies host memory in place; a %s tensor needs "
                          "a copy seam this binding does not have" % dev)
-    if getattr(t, "storage_offset", lambda: 0)() != 0:
-        raise ValueError("kvpool.kv: a KV-cache tensor's view must start at its storage "
-                         "(storage_offset %d)" % t.storage_offset())
-    st = t.untyped_storage()
-    return TensorDesc(st.data_ptr(), st.nbytes(), t.element_size(), tuple(t.shape),
-                      tuple(t.stride()))
+    # The region a layer lives in is its view's own span, not the whole
+    # storage: vLLM's CPU backend slices every layer out of one allocation
+    # (storage_offset > 0), and the worker splits a region into num_blocks
+    # pages.  Negative strides have no layout the worker knows.
+    shape, stride, elem = tuple(t.shape), tuple(t.stride()), t.element_size()
+    if any(s < 0 for s in stride):
+        raise ValueError("kvpool.kv: a KV-cache tensor with a negative stride (shape %s, "
+                         "stride %s)" % (shape, stride))
+    span = 0 if 0 in shape else elem * (1 + sum((n - 1) * s for n, s in zip(shape, stride)))
+    return TensorDesc(t.data_ptr(), span, elem, shape, stride)
 
 
 def _c_tensor(d, c):
@@ -791,6 +795,20 @@ class Worker(_Handle):
                 _lib.kvp_kv_meta_free(mp)
         raise_for(st)
         return set(_strs(fin.sending, fin.num_sending)), set(_strs(fin.recving, fin.num_recving))
+
+    def load_now(self, meta):
+        """Synchronous loads (the engine's load_async=False), before the
+        forward pass: the loads of meta (the step's metadata bytes) run now
+        and the call returns when they are done.  Failed blocks show in
+        load_errors(); the requests are not reported by get_finished, which
+        does not load them again when handed the same meta."""
+        h = self._handle()
+        mp = _decode_c(meta)
+        try:
+            st = _lib.kvp_kv_worker_load_now(h, mp)
+        finally:
+            _lib.kvp_kv_meta_free(mp)
+        raise_for(st)
 
     def load_errors(self):
         """Block ids whose load failed since the last call (then cleared)."""

@@ -578,7 +578,7 @@ class WorkerCtypesTest(WorkerContract, unittest.TestCase):
             w.get_finished(b"\x94\x01", ())
         self.assertEqual(w.get_finished(None, ()), (set(), set()))
 
-    def test_torch_like_tensor_is_read_through_its_storage(self):
+    def test_torch_like_tensor_is_read_through_its_view(self):
         c = self.cache()
 
         class Storage:  # what torch's untyped_storage() answers
@@ -588,11 +588,14 @@ class WorkerCtypesTest(WorkerContract, unittest.TestCase):
             def nbytes(self):
                 return c.nbytes
 
-        class TorchLike:
+        class TorchLike:  # the view's own span is the region (data_ptr on)
             shape = c.shape
 
             def untyped_storage(self):
                 return Storage()
+
+            def data_ptr(self):
+                return c.addr
 
             def element_size(self):
                 return 4
