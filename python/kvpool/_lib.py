@@ -189,6 +189,19 @@ class KvLookupClient(ctypes.Structure):  # kvp_kv_lookup_client_t
 KvResetFn = ctypes.CFUNCTYPE(c_status, ctypes.c_void_p, ctypes.POINTER(ctypes.c_bool))
 
 
+class KvRequest(ctypes.Structure):  # kvp_kv_request_t
+    _fields_ = [("req_id", ctypes.c_char_p), ("num_tokens", ctypes.c_int64),
+                ("num_computed_tokens", ctypes.c_int64), ("all_token_ids", ctypes.c_void_p),
+                ("num_all_token_ids", ctypes.c_size_t), ("block_hashes", ctypes.c_void_p),
+                ("num_block_hashes", ctypes.c_size_t), ("hash_len", ctypes.c_uint32)]
+
+
+# The other two ops, for lookup clients written in Python (kvpool.kv.CallbackLookup).
+KvLookupFn = ctypes.CFUNCTYPE(c_status, ctypes.c_void_p, ctypes.POINTER(KvRequest), ctypes.c_bool,
+                              ctypes.POINTER(ctypes.c_int64))
+KvDiscardFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+
+
 class KvLookupPoolParams(ctypes.Structure):  # kvp_kv_lookup_pool_params_t
     _fields_ = [("size", ctypes.c_uint32), ("model_name", ctypes.c_char_p),
                 ("cache_prefix", ctypes.c_char_p), ("tp_size", ctypes.c_uint32),
@@ -287,7 +300,7 @@ STRUCTS = {
     "kvp_kv_cache_group_t": KvCacheGroup, "kvp_kv_ids_t": KvIds, "kvp_kv_blocks_t": KvBlocks,
     "kvp_kv_tail_offload_t": KvTailOffload, "kvp_kv_load_spec_t": KvLoadSpec,
     "kvp_kv_req_meta_t": KvReqMeta, "kvp_kv_meta_t": KvMeta, "kvp_kv_lookup_ops_t": KvLookupOps,
-    "kvp_kv_lookup_client_t": KvLookupClient,
+    "kvp_kv_lookup_client_t": KvLookupClient, "kvp_kv_request_t": KvRequest,
     "kvp_kv_lookup_pool_params_t": KvLookupPoolParams,
     "kvp_kv_lookup_result_t": KvLookupResult, "kvp_kv_lookup_stats_t": KvLookupStats,
     "kvp_kv_lookup_server_params_t": KvLookupServerParams,

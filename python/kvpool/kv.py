@@ -60,6 +60,7 @@ _addressof = ctypes.addressof
 _c_int64 = ctypes.c_int64
 _c_char_p = ctypes.c_char_p
 _INVALID_ARG, _BUFFER_TOO_SMALL, _BUSY, _CLOSED = -1, -6, -22, -43
+_INPROGRESS, _IO_ERROR = 1, -64  # kvp_status_t values a Python lookup callback returns
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _REASONS = tuple(_lib.kvp_kv_miss_reason_name(r).decode() for r in range(_lib.KVP_KV_MISS_COUNT))
@@ -497,6 +498,52 @@ class _ClientView(_Handle):
         ack = ctypes.c_bool(False)
         raise_for(_lib.KvResetFn(ops.reset)(self._client.ctx, _byref(ack)))
         return ack.value
+
+
+class CallbackLookup:
+    """A kvp_kv_lookup_client_t written in Python, for the scheduler
+    (kvpool.sched.Scheduler): tests, replays, or a lookup answered by other
+    means.  lookup(req_id, num_tokens, block_hashes: list[bytes], non_block)
+    returns the hit in tokens, or None for "not ready" (non_block only); an
+    exception counts as a hit of 0, as LookupKeyClient's.  discard(req_id)
+    and reset() -> bool are optional.  The callbacks run with the GIL held,
+    in the thread that called the scheduler."""
+
+    def __init__(self, lookup, discard=None, reset=None):
+        if not callable(lookup):
+            raise TypeError("kvpool.kv.CallbackLookup: lookup must be callable")
+        self._fns = (lookup, discard, reset)
+
+        def _lookup(ctx, req, non_block, hit_p):
+            r = req.contents
+            hl, n = r.hash_len, r.num_block_hashes
+            raw = ctypes.string_at(r.block_hashes, hl * n) if hl and n else b""
+            hashes = [raw[i * hl:(i + 1) * hl] for i in range(n)] if hl else []
+            try:
+                hit = lookup(r.req_id.decode(), r.num_tokens, hashes, bool(non_block))
+            except Exception:  # noqa: BLE001 (the original: any exception is a miss)
+                return _IO_ERROR
+            if hit is None:
+                return _INPROGRESS
+            hit_p[0] = int(hit)
+            return 0
+
+        def _discard(ctx, req_id):
+            if discard is not None:
+                discard(req_id.decode())
+
+        def _reset(ctx, ack_p):
+            if reset is None:
+                return _IO_ERROR
+            try:
+                ack_p[0] = bool(reset())
+            except Exception:  # noqa: BLE001
+                return _IO_ERROR
+            return 0
+
+        self._cbs = (_lib.KvLookupFn(_lookup), _lib.KvDiscardFn(_discard), _lib.KvResetFn(_reset))
+        self._ops = _lib.KvLookupOps(*[ctypes.cast(f, ctypes.c_void_p) for f in self._cbs])
+        self.client = _lib.KvLookupClient(ctypes.addressof(self._ops), None)
 
 
 def _pool_handle(pool):
