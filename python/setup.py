@@ -1,6 +1,10 @@
 """Build hook: `pip install ./python` carries libkvpool.so into the package.
 
-The package itself is pure Python (ctypes).  At build time this copies one
+The package is ctypes over libkvpool.so, plus one small CPython extension,
+kvpool._kvsched (the scheduler hooks read vLLM's objects in C; it takes the
+library's symbols from the libkvpool.so that kvpool/_lib.py loads, so it is
+compiled against ../include only and never linked to a library path).  At
+build time this also copies one
 libkvpool.so into kvpool/ inside the build (never into the source tree), so
 the installed package finds it without KVPOOL_LIB.  Which one:
   $KVPOOL_LIB if set at install time, else ../build/libkvpool.so.0 (or .so)
@@ -13,7 +17,7 @@ the installed package finds it without KVPOOL_LIB.  Which one:
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,4 +49,17 @@ class BuildPyWithLib(build_py):
         print("kvpool: carrying %s as %s" % (lib, dst))
 
 
-setup(cmdclass={"build_py": BuildPyWithLib})
+# The C headers: $KVPOOL_INCLUDE (a copy of the repository's include/), else
+# ../include next to this directory (`pip install ./python` in a clone).
+INCLUDE = os.environ.get("KVPOOL_INCLUDE") or os.path.join(HERE, "..", "include")
+if not os.path.isfile(os.path.join(INCLUDE, "kvpool", "kv_connector.h")):
+    raise SystemExit("kvpool: no kvpool/kv_connector.h under %s; build from the repository "
+                     "(pip install ./python) or set KVPOOL_INCLUDE to its include/ directory"
+                     % INCLUDE)
+KVSCHED = Extension(
+    "kvpool._kvsched", sources=["kvpool/_kvsched.c"],
+    include_dirs=[INCLUDE],
+    extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+                        "-Wno-cast-function-type"])
+
+setup(cmdclass={"build_py": BuildPyWithLib}, ext_modules=[KVSCHED])

@@ -8,7 +8,7 @@ set -eu
 PKGS="build-essential cmake pkg-config clang-14 libclang-rt-14-dev
 libssl-dev libxxhash-dev
 libucx-dev libmicrohttpd-dev libhiredis-dev libzmq3-dev
-python3 python3-venv python3-setuptools python3-wheel python3-cbor2 python3-xxhash python3-zmq"
+python3 python3-dev python3-venv python3-setuptools python3-wheel python3-cbor2 python3-xxhash python3-zmq"
 
 missing=""
 for p in $PKGS; do

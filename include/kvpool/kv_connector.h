@@ -853,6 +853,15 @@ KVP_API kvp_status_t kvp_kv_worker_get_finished(kvp_kv_worker_t *worker, const k
                                                 const char *const *finished_ids, size_t num_finished,
                                                 kvp_kv_finished_t *out_p);
 
+/* Synchronous loads (load_async=False: the hit feeds this step's forward
+ * pass; call it before the forward pass with the step's meta): queues the
+ * meta's loads at once and waits until they are done.  Failed blocks are
+ * load errors as usual; the requests are not reported in done_recving, and
+ * the get_finished that follows with the same meta does not load them again.
+ * Returns KVP_OK; KVP_ERR_NULL_POINTER; KVP_ERR_STATE (not registered);
+ * KVP_ERR_NO_MEMORY. */
+KVP_API kvp_status_t kvp_kv_worker_load_now(kvp_kv_worker_t *worker, const kvp_kv_meta_t *meta);
+
 /* get_block_ids_with_load_errors: every block id whose load failed since the
  * last call (missing key, wrong size, pool error, lost connection), then
  * cleared.  [out] ids_p: owned by the worker, valid until the next call. */

@@ -24,6 +24,7 @@ import collections
 import ctypes
 
 from . import _lib
+from ._handle import Handle
 from .errors import Error, error_for, raise_for
 
 __all__ = ["Pool", "KeyResult"]
@@ -134,7 +135,7 @@ def _results(res):
     return [KeyResult(r.status, bool(r.flags & 1), r.size) for r in res]
 
 
-class Pool:
+class Pool(Handle):
     """A kvpool pool: Pool("embedded://?capacity=1GiB") or Pool("kvpool://HOST:PORT").
 
     Keys are bytes or str (UTF-8), 1..512 bytes.  See the module text for values
@@ -159,21 +160,12 @@ class Pool:
         return self._h is None
 
     def close(self, _close=_lib.kvp_pool_close):  # (bound early: __del__ at exit)
-        """Closes the pool (waits for calls in flight); a second close is a no-op."""
+        """Closes the pool (waits for calls in flight); a second close is a no-op.
+        kvpool.Busy while a kvpool.kv object (LookupPool, Worker) still uses it."""
+        self._refuse_if_used()
         h, self._h = self._h, None
         if h is not None:
             _close(h)
-
-    def __enter__(self):
-        self._handle()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
 
     def __repr__(self):
         return "<kvpool.Pool %r%s>" % (self._uri, " closed" if self._h is None else "")

@@ -232,6 +232,7 @@ kvp_status_t kvp_kv_worker_create(const kvp_kv_worker_params_t *params, kvp_kv_w
     pthread_cond_init(&w->idle_cv, NULL);
     kvp__strmap_init(&w->stored);
     kvp__strmap_init(&w->finished_store_req);
+    kvp__strmap_init(&w->sync_loaded);
     *worker_p = w;
     return KVP_OK;
 }
@@ -305,6 +306,7 @@ void kvp_kv_worker_destroy(kvp_kv_worker_t *w)
                 stored_free(w->stored.slots[i].val);
         kvp__strmap_cleanup(&w->stored);
         kvp__strset_cleanup(&w->finished_store_req);
+        kvp__strset_cleanup(&w->sync_loaded);
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->save_cv);
         pthread_cond_destroy(&w->load_cv);
@@ -470,14 +472,14 @@ void kvp__kvw_load_report(kvp_kv_worker_t *w, const char *req_id, const int64_t 
 }
 
 /* A load meta that cannot be queued: every block id it names is an error,
- * and it is done. */
-static void load_meta_fails(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
+ * and (unless it was a synchronous load) it is done. */
+static void load_meta_fails(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m, bool report)
 {
     pthread_mutex_lock(&w->mu);
     for (uint32_t g = 0; m->block_ids.groups && g < m->block_ids.num_groups; g++)
         if (m->block_ids.groups[g].ids) /* (meta_ok refused NULL lists: nothing to name) */
             add_errors_locked(w, m->block_ids.groups[g].ids, m->block_ids.groups[g].n);
-    if (m->req_id && strs_add(&w->recv_done, m->req_id) != KVP_OK)
+    if (report && m->req_id && strs_add(&w->recv_done, m->req_id) != KVP_OK)
         kvp_error("kv worker: out of memory reporting %s as loaded", m->req_id);
     pthread_mutex_unlock(&w->mu);
     atomic_fetch_add(&w->c.bad_metas, 1);
@@ -545,16 +547,18 @@ static kvp_status_t queue_save(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
     return KVP_OK;
 }
 
-static kvp_status_t queue_load(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m)
+static kvp_status_t queue_load(kvp_kv_worker_t *w, const kvp_kv_req_meta_t *m, bool sync)
 {
     if (!meta_ok(w, m)) {
-        load_meta_fails(w, m);
+        load_meta_fails(w, m, !sync);
         return KVP_OK;
     }
     kvp__kvw_job_t *j = job_copy(m);
     if (!j)
         return KVP_ERR_NO_MEMORY;
+    j->sync = sync;
     pthread_mutex_lock(&w->mu);
+    w->sync_pending += sync;
     enqueue(&w->load_q, j);
     atomic_store(&w->c.load_queue_depth, w->load_q.n);
     pthread_cond_signal(&w->load_cv);
@@ -615,6 +619,39 @@ static kvp_status_t finished_sending(kvp_kv_worker_t *w, const kvp_kv_meta_t *me
     return st;
 }
 
+/*
+ * Synchronous loads (the engine's load_async=False: the hit feeds this very
+ * step's forward pass).  The step's load metas go to the load threads at
+ * once and the call waits for them; their failed blocks are load errors as
+ * usual, but the requests are not reported in done_recving (the engine is
+ * not waiting for them), and the get_finished that follows with the same
+ * meta does not load them again.  A meta the checks refuse fails alone: its
+ * blocks become load errors, reported by load_errors().
+ */
+kvp_status_t kvp_kv_worker_load_now(kvp_kv_worker_t *w, const kvp_kv_meta_t *meta)
+{
+    if (!w || !meta || (meta->num_requests && !meta->requests))
+        return KVP_ERR_NULL_POINTER;
+    if (!w->registered) {
+        kvp_error("kv worker: load_now before register");
+        return KVP_ERR_STATE;
+    }
+    kvp_status_t st = KVP_OK;
+    for (size_t i = 0; i < meta->num_requests && st == KVP_OK; i++) {
+        const kvp_kv_req_meta_t *m = &meta->requests[i];
+        if (!m->has_load_spec || !m->load_spec.can_load || !m->req_id)
+            continue;
+        st = kvp__strset_add(&w->sync_loaded, m->req_id, NULL);
+        if (st == KVP_OK)
+            st = queue_load(w, m, true);
+    }
+    pthread_mutex_lock(&w->mu);
+    while (w->sync_pending)
+        pthread_cond_wait(&w->idle_cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
 kvp_status_t kvp_kv_worker_get_finished(kvp_kv_worker_t *w, const kvp_kv_meta_t *meta,
                                         const char *const *finished_ids, size_t num_finished,
                                         kvp_kv_finished_t *out_p)
@@ -634,8 +671,12 @@ kvp_status_t kvp_kv_worker_get_finished(kvp_kv_worker_t *w, const kvp_kv_meta_t 
     size_t nreq = meta ? meta->num_requests : 0;
     for (size_t i = 0; i < nreq && st == KVP_OK; i++) { /* W2 */
         const kvp_kv_req_meta_t *m = &meta->requests[i];
-        if (m->has_load_spec && m->load_spec.can_load)
-            st = queue_load(w, m);
+        if (!m->has_load_spec || !m->load_spec.can_load)
+            continue;
+        if (m->req_id && kvp__strset_has(&w->sync_loaded, m->req_id))
+            kvp__strset_discard(&w->sync_loaded, m->req_id); /* done before the forward pass */
+        else
+            st = queue_load(w, m, false);
     }
     if (w->p.role != KVP_KV_ROLE_CONSUMER) {
         for (size_t i = 0; i < nreq && st == KVP_OK; i++) /* W3 */

@@ -64,6 +64,7 @@ typedef struct kvp__kvw_job {
     const kvp_kv_tail_offload_t *tails; /* NULL: None */
     size_t num_tails;
     uint64_t queued_bytes;     /* save: what it counts against max_save_bytes */
+    bool sync;                 /* load: kvp_kv_worker_load_now waits for it (no done_recving) */
 } kvp__kvw_job_t;
 
 typedef struct kvp__kvw_queue {
@@ -126,6 +127,8 @@ struct kvp_kv_worker {
     bool pressure_active;
     uint64_t pressure_epoch;           /* bumped when pressure clears */
     kvp__strset_t finished_store_req;  /* engine thread only */
+    kvp__strset_t sync_loaded;         /* loads done by load_now, skipped by get_finished (engine) */
+    size_t sync_pending;               /* load_now jobs queued or running */
     kvp__kvw_strs_t recv_done;         /* finished loads not yet reported */
     int64_t *errs;                     /* load-error block ids not yet reported */
     size_t nerrs, errs_cap;

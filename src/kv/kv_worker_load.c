@@ -232,7 +232,7 @@ static void handle(kvp_kv_worker_t *w, load_cx_t *cx, const kvp__kvw_job_t *j)
                 add_err(cx, cx->blocks[(rot + first) % n]);
         }
     }
-    kvp__kvw_load_report(w, j->req_id, cx->errs, cx->nerrs);
+    kvp__kvw_load_report(w, j->sync ? NULL : j->req_id, cx->errs, cx->nerrs);
 }
 
 void *kvp__kvw_load_main(void *arg)
@@ -250,9 +250,12 @@ void *kvp__kvw_load_main(void *arg)
         atomic_store(&w->c.load_queue_depth, w->load_q.n);
         pthread_mutex_unlock(&w->mu);
         handle(w, &cx, j);
+        bool sync = j->sync;
         kvp__kvw_job_free(j);
         atomic_fetch_add(&w->c.loads_done, 1);
         pthread_mutex_lock(&w->mu);
+        if (sync && --w->sync_pending == 0)
+            pthread_cond_broadcast(&w->idle_cv);
     }
     pthread_mutex_unlock(&w->mu);
     cx_free(&cx);

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The kvpool Python package's core (python/kvpool: Pool, errors, hash) over
+# The kvpool Python package's core (python/kvpool: Pool, errors, hash, kv) over
 # the build's libkvpool.so: the unit tests of tests/python with the system
 # interpreter (they start their own kvpool server for the kvpool:// suite),
 # then `pip install ./python` into a fresh venv and one put/get from it with
@@ -36,6 +36,7 @@ cd "$SRC/tests/python" || exit 1
 check unit_test_errors run_unit test_errors
 check unit_test_hash run_unit test_hash
 check unit_test_pool run_unit test_pool
+check unit_test_kv run_unit test_kv
 cd "$T" || exit 1
 
 # The bench runs (small), both sides report a rate, and the JSON has the ratio.
@@ -51,7 +52,7 @@ check bench_smoke bench_smoke
 pip_install() {
     "$PY" -m venv --system-site-packages "$T/venv" >"$T/venv.log" 2>&1 || return 1
     cp -R "$SRC/python" "$T/src" && rm -rf "$T/src/build" "$T/src/kvpool/libkvpool.so"*
-    KVPOOL_LIB="$KVP_LIB" "$T/venv/bin/python" -m pip install -q --no-index --no-build-isolation \
+    KVPOOL_LIB="$KVP_LIB" KVPOOL_INCLUDE="$SRC/include" "$T/venv/bin/python" -m pip install -q --no-index --no-build-isolation \
         "$T/src" >>"$T/venv.log" 2>&1
 }
 # From the venv, without KVPOOL_LIB: the package must use the copy it carries.
@@ -63,7 +64,10 @@ assert kvpool.LIB_PATH == os.path.join(os.path.dirname(kvpool.__file__), "libkvp
 with kvpool.Pool("embedded://?capacity=4MiB") as p:
     p.put("venv-key", b"venv-value")
     assert p.get("venv-key") == b"venv-value"
-print("  venv: kvpool %s from %s" % (kvpool.__version__, kvpool.LIB_PATH))
+import kvpool.sched  # the scheduler extension the wheel compiled
+assert kvpool.sched._ext.__file__.startswith(sys.prefix), kvpool.sched._ext.__file__
+print("  venv: kvpool %s from %s, %s" % (kvpool.__version__, kvpool.LIB_PATH,
+                                         os.path.basename(kvpool.sched._ext.__file__)))
 '
 }
 if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then

@@ -911,6 +911,50 @@ TEST(test_destroy_finishes_queued_saves)
     kvp_pool_close(pool);
 }
 
+/* Synchronous loads (load_async=False): load_now returns with the bytes in
+ * place and the missing block reported as a load error; the request is never
+ * in done_recving, and get_finished with the same meta loads nothing again. */
+TEST(test_sync_load_now_before_forward)
+{
+    kvp_pool_t *pool = open_pool(URI);
+    fx_cache_t src, dst;
+    fx_cache_init(&src, FX_KV_FIRST, 2, 24);
+    fx_cache_init(&dst, FX_KV_FIRST, 2, 24);
+    fx_fill(&src, 31);
+    kvp_kv_worker_t *ws = mk_worker(pool, &src), *wd = mk_worker(pool, &dst);
+    fx_meta_t f;
+    fx_meta(&f, "p", 48, SRC_IDS, 3, 31, 4);
+    fx_save(&f);
+    fx_save_now(ws, &f);
+    fx_meta(&f, "c", 64, DST_IDS, 4, 31, 4);
+    fx_load(&f, 0, 64); /* block 3 was never saved */
+    kvp_kv_req_meta_t reqs[1] = {f.m};
+    kvp_kv_meta_t meta = {.requests = reqs, .num_requests = 1};
+    ASSERT_OK(kvp_kv_worker_load_now(wd, &meta));
+    for (int i = 0; i < 3; i++)
+        ASSERT(fx_same(&src, SRC_IDS[i], &dst, DST_IDS[i]));
+    ASSERT_EQ(fx_stats(wd).blocks_loaded, 3);
+    int64_t e[4];
+    ASSERT_EQ(fx_errors(wd, e, 4), 1);
+    ASSERT_EQ(e[0], DST_IDS[3]);
+    kvp_kv_finished_t out;
+    ASSERT_OK(kvp_kv_worker_get_finished(wd, &meta, NULL, 0, &out));
+    ASSERT_EQ(out.num_recving, 0);
+    fx_sleep_ms(50);
+    ASSERT_OK(kvp_kv_worker_get_finished(wd, NULL, NULL, 0, &out));
+    ASSERT_EQ(out.num_recving, 0);
+    ASSERT_EQ(fx_stats(wd).blocks_loaded, 3); /* not loaded twice */
+    /* The next step's async load of the same id is queued and reported again. */
+    fx_load_now(wd, &f);
+    ASSERT_EQ(fx_stats(wd).blocks_loaded, 6);
+    ASSERT_EQ(kvp_kv_worker_load_now(NULL, &meta), KVP_ERR_NULL_POINTER);
+    kvp_kv_worker_destroy(ws);
+    kvp_kv_worker_destroy(wd);
+    fx_cache_free(&src);
+    fx_cache_free(&dst);
+    kvp_pool_close(pool);
+}
+
 TEST_LIST(T(test_w8_blocks_first_roundtrip), T(test_w8_kv_first_roundtrip),
           T(test_w8_cross_layer_roundtrip), T(test_copy_seam_staged_roundtrip),
           T(test_w8_bad_input), T(test_bad_block_ids_fail_the_meta),
@@ -922,4 +966,5 @@ TEST_LIST(T(test_w8_blocks_first_roundtrip), T(test_w8_kv_first_roundtrip),
           T(test_scenario_24_done_sending_after_saves), T(test_w5_done_sending_order),
           T(test_w4_pressure_skip), T(test_scenario_28_load_errors_missing_and_wrong_size),
           T(test_bounded_save_queue_drops_without_delaying_done_sending), T(test_w6_staging_budget),
-          T(test_w2_consumer_loads_many_in_parallel), T(test_destroy_finishes_queued_saves))
+          T(test_w2_consumer_loads_many_in_parallel), T(test_destroy_finishes_queued_saves),
+          T(test_sync_load_now_before_forward))

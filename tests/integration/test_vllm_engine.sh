@@ -1,0 +1,37 @@
+#!/bin/sh
+# KvpoolConnector inside real vLLM engines (tests/vllm/test_engine_*.py), in
+# the vLLM test venv (scripts/vllm-env.sh; release build only).  Each module
+# starts its engine(s) once; their unittest counts and engine start-up times
+# are printed.  Exit 77 (ctest: skipped) where the disk cannot hold the venv.
+set -u
+SRC=${KVP_SOURCE_DIR:-.}
+KVP=${KVP_BIN:-build/kvpool}
+. "$SRC/tests/integration/checks.sh"
+venv=$(sh "$SRC/scripts/vllm-env.sh")
+venv_rc=$?
+venv=$(printf '%s\n' "$venv" | tail -n 1)
+if [ "$venv_rc" = 77 ]; then
+    echo "skipped: no room for the vLLM venv (scripts/vllm-env.sh)"
+    exit 77
+fi
+[ "$venv_rc" = 0 ] || { echo "FAIL scripts/vllm-env.sh exited $venv_rc"; exit 1; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-vllm.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL=WARNING \
+    VLLM_RPC_BASE_PATH="$T" KVPOOL_BIN="$KVP" \
+    KVPOOL_LIB="$(cd "$(dirname "${KVP_LIB:-build/libkvpool.so}")" && pwd)/$(basename "${KVP_LIB:-build/libkvpool.so}")"
+export PYTHONPATH="$SRC/python"
+
+run_module() { # module [env...]
+    mod=$1
+    shift
+    start=$(date +%s)
+    env "$@" "$venv/bin/python" -u "$SRC/tests/vllm/$mod.py" >"$T/$mod.log" 2>&1
+    rc=$?
+    grep -E '^(Ran |OK|FAILED)|^  engine|(ERROR|FAIL):|skipped' "$T/$mod.log" | sed "s/^/  $mod: /"
+    echo "  $mod: $(( $(date +%s) - start )) s"
+    [ $rc -eq 0 ] || tail -n 80 "$T/$mod.log" | sed 's/^/    /'
+    return $rc
+}
+check engine_local run_module test_engine_local VLLM_ENABLE_V1_MULTIPROCESSING=0
+checks_end
