@@ -7,7 +7,7 @@ Run it with the vLLM venv's interpreter, from a clone with a release build
 (build/kvpool, build/libkvpool.so):
 
     VENV=$(sh scripts/vllm-env.sh | tail -n 1)   # or /var/cache/kvpool/vllm-<hash>
-    cmake --build build -j2 --target kvpool kvpool_shared
+    cmake --build build -j2 --target kvpool kvpool_shared kvpool_pyext
     $VENV/bin/python bench/vllm_side_by_side.py            # both connectors
     $VENV/bin/python bench/vllm_side_by_side.py --only mooncake
 
@@ -40,6 +40,7 @@ too.
 """
 import argparse
 import atexit
+import glob
 import json
 import os
 import random
@@ -167,10 +168,11 @@ def start_kvpool(tmp, capacity, kvpool_bin, kvpool_lib):
     if not os.path.isfile(os.path.join(REPO, "python", "kvpool", "vllm", "__init__.py")):
         raise LegUnavailable("python/kvpool/vllm (KvpoolConnector) does not exist in this "
                              "checkout yet; run with --only mooncake")
-    for path in (kvpool_bin, kvpool_lib):
+    ext = glob.glob(os.path.join(os.path.dirname(kvpool_lib), "_kvsched*.so"))
+    for path in (kvpool_bin, kvpool_lib, ext[0] if ext else "the kvpool._kvsched extension"):
         if not os.path.exists(path):
             raise LegUnavailable(f"{path} missing: build it (cmake --build build -j2 "
-                                 "--target kvpool kvpool_shared)")
+                                 "--target kvpool kvpool_shared kvpool_pyext)")
     port_file = os.path.join(tmp, "kvpool.port")
     log = os.path.join(tmp, "kvpool-server.log")
     server = PROCS.start("kvpool server", [
@@ -339,19 +341,23 @@ def run_leg(name, tmp, args, work, model):
     connector, module, extra, env = start_leg(name, tmp, args)
     spec = {"connector": connector, "module": module, "extra": extra, "model": model,
             "work": work, "max_tokens": args.max_tokens,
-            "max_model_len": max(2048, args.tokens + args.max_tokens + BLOCK)}
+            "max_model_len": args.tokens + args.max_tokens + BLOCK}
     env = engine_env(env)
+    load = os.getloadavg()[0]
     cold = run_engine(tmp, name, "cold", spec, env, args.engine_timeout)
     warm = run_engine(tmp, name, "warm", spec, env, args.engine_timeout)
-    return summarize(cold, warm)
+    return dict(summarize(cold, warm), loadavg=[load, os.getloadavg()[0]])
 
 
 # ---------------------------------------------------------------- figures
 def stats_load_rate(stats):
-    """GB/s of the loads the connector's own stats recorded (records of an
-    operation named load*, with num_bytes and duration_seconds), or None."""
+    """From the connector's own stats: (GB/s of the loads, bytes loaded).
+    Mooncake records each store call (operations load*, with num_bytes and
+    duration_seconds): both.  kvpool counts bytes_loaded, no time: (None,
+    bytes)."""
     nbytes = secs = 0.0
     for data in stats:
+        nbytes += float(data.get("bytes_loaded", 0) or 0)
         for op, records in data.items():
             if not op.startswith("load") or not isinstance(records, list):
                 continue
@@ -359,7 +365,7 @@ def stats_load_rate(stats):
                 if isinstance(r, dict) and "num_bytes" in r and "duration_seconds" in r:
                     nbytes += float(r["num_bytes"])
                     secs += float(r["duration_seconds"])
-    return (nbytes / secs / 1e9, nbytes) if secs > 0 else (None, nbytes)
+    return (nbytes / secs / 1e9 if secs > 0 else None), int(nbytes)
 
 
 def summarize(cold, warm):
@@ -415,9 +421,11 @@ def print_table(results, args):
               f"{fmt(ratio('stats_gbps')):>10}")
     for name, r in results.items():
         if "hits" in r:
-            print(f"{name}: warm cached tokens {r['hits']}, cold {r['cold_hits']}; engine start "
+            print(f"{name}: warm cached tokens {r['hits']}, cold {r['cold_hits']}; "
+                  f"the connector's stats: {r['stats_bytes'] / 2**20:.0f} MiB loaded; engine start "
                   f"{r['startup_s'][0]:.1f}/{r['startup_s'][1]:.1f} s, engine wall "
-                  f"{r['engine_wall_s'][0]:.1f}/{r['engine_wall_s'][1]:.1f} s (cold/warm)")
+                  f"{r['engine_wall_s'][0]:.1f}/{r['engine_wall_s'][1]:.1f} s (cold/warm); load average "
+                  f"{r['loadavg'][0]:.1f} before, {r['loadavg'][1]:.1f} after ({os.cpu_count()} CPUs)")
 
 
 # ---------------------------------------------------------------- main
@@ -426,12 +434,12 @@ def parse_args():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["mooncake", "kvpool"], help="run one connector's leg")
     ap.add_argument("--prompts", type=int, default=8, help="distinct prompts (default 8)")
-    ap.add_argument("--tokens", type=int, default=1040,
-                    help="tokens per prompt (default 1040: 32 full blocks and a tail of 16)")
+    ap.add_argument("--tokens", type=int, default=2064,
+                    help="tokens per prompt (default 2064: 64 full blocks, 64 MiB, and a tail of 16)")
     ap.add_argument("--max-tokens", type=int, default=8, help="tokens generated per prompt (default 8)")
-    ap.add_argument("--capacity", default="1GiB", help="kvpool server --memory (default 1GiB)")
-    ap.add_argument("--capacity-mooncake", default="1GB",
-                    help="the Mooncake segment owner's global_segment_size (default 1GB)")
+    ap.add_argument("--capacity", default="2GiB", help="kvpool server --memory (default 2GiB)")
+    ap.add_argument("--capacity-mooncake", default="2GB",
+                    help="the Mooncake segment owner's global_segment_size (default 2GB)")
     ap.add_argument("--kvpool-bin", default=os.path.join(REPO, "build", "kvpool"))
     ap.add_argument("--kvpool-lib", default=os.path.join(REPO, "build", "libkvpool.so"))
     ap.add_argument("--engine-timeout", type=int, default=300, help="seconds per engine (default 300)")
