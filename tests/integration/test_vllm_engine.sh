@@ -34,4 +34,28 @@ run_module() { # module [env...]
     return $rc
 }
 check engine_local run_module test_engine_local VLLM_ENABLE_V1_MULTIPROCESSING=0
+
+# vLLM 0.32's MooncakeStoreScheduler against the C scheduler on the hook calls
+# of a real engine run (recorded here, small); the overhead bench on the same
+# recording is printed for information (bench/sched_overhead.py; its target
+# is checked on a full recording, not here).
+sched_vs_vllm032() {
+    start=$(date +%s)
+    env VLLM_ENABLE_V1_MULTIPROCESSING=0 "$venv/bin/python" -u "$SRC/tests/vllm/sched_record.py" \
+        "$T/sched.pkl" --small >"$T/sched_record.log" 2>&1 &&
+        "$venv/bin/python" -u "$SRC/tests/vllm/sched_vs_vllm032.py" "$T/sched.pkl" \
+            >"$T/sched_vs.log" 2>&1
+    rc=$?
+    grep -hE '^  recorded|engine start|expected difference|agreement|FAIL|unexpected' \
+        "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null | sed 's/^ */  sched_vs_vllm032: /'
+    if [ $rc -eq 0 ]; then
+        "$venv/bin/python" "$SRC/bench/sched_overhead.py" "$T/sched.pkl" --reps 3 2>/dev/null |
+            grep -E 'median per step, 64' | sed 's/^ */  sched_overhead (info): /'
+    else
+        tail -n 60 "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null | sed 's/^/    /'
+    fi
+    echo "  sched_vs_vllm032: $(( $(date +%s) - start )) s"
+    return $rc
+}
+check sched_vs_vllm032 sched_vs_vllm032
 checks_end

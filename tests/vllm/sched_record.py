@@ -174,7 +174,7 @@ def workloads(small):
     k12 = [tok(20)] + [tok(64) for _ in range(15 if small else 23)]
     batch = [tok(70 if small else 100) for _ in range(64 if small else 72)]
     return [("shared_prefixes", shared, 8), ("chunked_prefill", chunked, 4),
-            ("k12_chunks", k12, 2), ("batch", batch, 4 if small else 12)]
+            ("k12_chunks", k12, 2), ("batch", batch, 8 if small else 32)]
 
 
 def record(out_path, small=False):
