@@ -36,9 +36,9 @@ run_module() { # module [env...]
 check engine_local run_module test_engine_local VLLM_ENABLE_V1_MULTIPROCESSING=0
 
 # vLLM 0.32's MooncakeStoreScheduler against the C scheduler on the hook calls
-# of a real engine run (recorded here, small); the overhead bench on the same
-# recording is printed for information (bench/sched_overhead.py; its target
-# is checked on a full recording, not here).
+# of a real engine run (recorded here, small), and its K12 control; the hook
+# time per step is printed for information (bench/sched_overhead.py measures
+# it, on a full recording).
 sched_vs_vllm032() {
     start=$(date +%s)
     env VLLM_ENABLE_V1_MULTIPROCESSING=0 "$venv/bin/python" -u "$SRC/tests/vllm/sched_record.py" \
@@ -46,14 +46,10 @@ sched_vs_vllm032() {
         "$venv/bin/python" -u "$SRC/tests/vllm/sched_vs_vllm032.py" "$T/sched.pkl" \
             >"$T/sched_vs.log" 2>&1
     rc=$?
-    grep -hE '^  recorded|engine start|expected difference|agreement|FAIL|unexpected' \
+    grep -hE '^  recorded|expected difference|agreement|FAIL|unexpected|hook time' \
         "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null | sed 's/^ */  sched_vs_vllm032: /'
-    if [ $rc -eq 0 ]; then
-        "$venv/bin/python" "$SRC/bench/sched_overhead.py" "$T/sched.pkl" --reps 3 2>/dev/null |
-            grep -E 'median per step, 64' | sed 's/^ */  sched_overhead (info): /'
-    else
-        tail -n 60 "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null | sed 's/^/    /'
-    fi
+    [ $rc -eq 0 ] || tail -n 60 "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null |
+        sed 's/^/    /'
     echo "  sched_vs_vllm032: $(( $(date +%s) - start )) s"
     return $rc
 }

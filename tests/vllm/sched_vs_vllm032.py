@@ -57,6 +57,7 @@ are printed.  replay() is also the overhead bench's engine
 import collections
 import os
 import pickle
+import statistics
 import sys
 import tempfile
 import time
@@ -473,6 +474,11 @@ def main(argv):
         print("  FAIL: the control must show K12 differences (%d) and nothing else (%d)"
               % (ctl.expected["k12"], len(ctl.failures)))
         ok = False
+    big = [ns for n, _, ns in res.steps if n >= 64]
+    if big:  # one comparing replay: for information (bench/sched_overhead.py measures)
+        print("  hook time per step, %d steps with 64+ running (info): kvpool %.1f us, "
+              "vllm032 %.1f us" % (len(big), statistics.median(x[0] for x in big) / 1e3,
+                                   statistics.median(x[1] for x in big) / 1e3))
     if ok:
         print("  agreement: no unexpected difference; the control shows K12's %d"
               % ctl.expected["k12"])
