@@ -44,7 +44,8 @@ def main(argv):
             res = sv.replay(rec, compare=False)
         finally:
             gc.enable()
-        cur = [(n, label, ns) for n, label, ns in res.steps]
+        cur = [(n, label, ns) for n, label, ns, _ in res.steps]
+        new = [k for _, _, _, k in res.steps]
         best = cur if best is None else [
             (n, label, tuple(min(x, y) for x, y in zip(ns, bns)))
             for (n, label, ns), (_, _, bns) in zip(cur, best)]
@@ -69,6 +70,13 @@ def main(argv):
         if st:
             print("    %-22s %3d steps: kvpool %.1f us, vllm032 %.1f us"
                   % (label, len(st), statistics.median(s[0] for s in st) / 1e3,
+                     statistics.median(s[1] for s in st) / 1e3))
+    for what, pick in (("with new requests (lookups, loads)", lambda j: new[j] > 0),
+                       ("without (decode, running chunks)", lambda j: new[j] == 0)):
+        st = [best[j][2] for j in range(len(best)) if best[j][0] >= a.min_running and pick(j)]
+        if st:
+            print("    steps %-36s %3d: kvpool %.1f us, vllm032 %.1f us"
+                  % (what, len(st), statistics.median(s[0] for s in st) / 1e3,
                      statistics.median(s[1] for s in st) / 1e3))
     ok = k <= a.target * m
     print("  target kvpool <= %d %% of Mooncake's: %s" % (100 * a.target,

@@ -57,7 +57,6 @@ are printed.  replay() is also the overhead bench's engine
 import collections
 import os
 import pickle
-import statistics
 import sys
 import tempfile
 import time
@@ -291,7 +290,8 @@ class Result:
         self.counts = collections.Counter()
         self.expected = collections.Counter()
         self.failures = []
-        # per step: (running requests, {side: ns})
+        # per step: (scheduled requests, workload label, (kvpool ns, vllm032 ns),
+        # new requests)
         self.steps = []
 
     def fail(self, msg):
@@ -407,7 +407,8 @@ def replay(rec, compare=True, seed_k12=False):
                     t = clock()
                     metas.append(side.build(so))
                     ns[i] += clock() - t
-                res.steps.append((len(snap["num_scheduled_tokens"]), label, tuple(ns)))
+                res.steps.append((len(snap["num_scheduled_tokens"]), label, tuple(ns),
+                                  len(snap["new"])))
                 ns = [0, 0]
                 if compare:
                     k, m = kside.plan(metas[0]), mside.plan(metas[1])
@@ -474,11 +475,6 @@ def main(argv):
         print("  FAIL: the control must show K12 differences (%d) and nothing else (%d)"
               % (ctl.expected["k12"], len(ctl.failures)))
         ok = False
-    big = [ns for n, _, ns in res.steps if n >= 64]
-    if big:  # one comparing replay: for information (bench/sched_overhead.py measures)
-        print("  hook time per step, %d steps with 64+ running (info): kvpool %.1f us, "
-              "vllm032 %.1f us" % (len(big), statistics.median(x[0] for x in big) / 1e3,
-                                   statistics.median(x[1] for x in big) / 1e3))
     if ok:
         print("  agreement: no unexpected difference; the control shows K12's %d"
               % ctl.expected["k12"])
