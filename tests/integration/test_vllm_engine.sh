@@ -31,4 +31,23 @@ check engine_local run_module test_engine_local VLLM_ENABLE_V1_MULTIPROCESSING=0
 check engine_options run_module test_engine_options VLLM_ENABLE_V1_MULTIPROCESSING=0
 check engine_shared run_module test_engine_shared
 check engine_mp run_module test_engine_mp
+
+# vLLM 0.32's MooncakeStoreScheduler against the C scheduler on the hook calls
+# of a real engine run (recorded here, small), and its K12 control (the hook
+# time per step: bench/sched_overhead.py, on a full recording).
+sched_vs_vllm032() {
+    start=$(date +%s)
+    env VLLM_ENABLE_V1_MULTIPROCESSING=0 "$venv/bin/python" -u "$SRC/tests/vllm/sched_record.py" \
+        "$T/sched.pkl" --small >"$T/sched_record.log" 2>&1 &&
+        "$venv/bin/python" -u "$SRC/tests/vllm/sched_vs_vllm032.py" "$T/sched.pkl" \
+            >"$T/sched_vs.log" 2>&1
+    rc=$?
+    grep -hE '^  recorded|expected difference|agreement|FAIL|unexpected' \
+        "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null | sed 's/^ */  sched_vs_vllm032: /'
+    [ $rc -eq 0 ] || tail -n 60 "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null |
+        sed 's/^/    /'
+    echo "  sched_vs_vllm032: $(( $(date +%s) - start )) s"
+    return $rc
+}
+check sched_vs_vllm032 sched_vs_vllm032
 checks_end
