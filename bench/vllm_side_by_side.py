@@ -488,9 +488,11 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    if not args.keep:
-        subprocess.run(["rm", "-rf", tmp])
     bad = any("error" in r or r["mismatched"] or not any(r["hits"]) for r in results.values())
+    if args.keep or bad:
+        print(f"logs kept in {tmp}")
+    else:
+        subprocess.run(["rm", "-rf", tmp])
     return 1 if bad else 0
 
 
