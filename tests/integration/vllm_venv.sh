@@ -1,7 +1,11 @@
 # The vLLM test venv for tests/integration/test_vllm_*.sh: `. vllm_venv.sh`
 # (with $SRC set) creates or reuses it (scripts/vllm-env.sh) and sets $venv,
-# or exits the test: 77 (ctest: skipped) where the disk cannot hold it, 1
-# when the script fails.
+# or exits the test: 77 (ctest: skipped) under ASan or where the disk cannot
+# hold it, 1 when the script fails.
+if [ "${KVP_SANITIZE:-}" = 1 ]; then
+    echo "skipped: ASan build (an uninstrumented python cannot load an ASan libkvpool.so)"
+    exit 77
+fi
 venv=$(sh "$SRC/scripts/vllm-env.sh")
 venv_rc=$?
 venv=$(printf '%s\n' "$venv" | tail -n 1)
