@@ -806,18 +806,32 @@ static PyObject *Sched_request_finished(Sched *self, PyObject *args)
     return PyBool_FromLong(delay);
 }
 
-static PyObject *Sched_reset_cache(Sched *self, PyObject *noargs)
+/* reset_cache: the connector's (pending load specs go, then reset_store);
+ * reset_store: the original scheduler's K18 alone (load specs stay), which
+ * is what a replay of the original calls. */
+static PyObject *sched_reset(Sched *self, kvp_status_t (*reset)(kvp_kv_sched_t *, bool *))
 {
-    (void)noargs;
     NEED_SCHED(self);
     bool ok = false;
     kvp_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = kvp_kv_sched_reset_cache(self->sched, &ok);
+    st = reset(self->sched, &ok);
     Py_END_ALLOW_THREADS
     if (st != KVP_OK)
         return sched_fail(self, st);
     return PyBool_FromLong(ok);
+}
+
+static PyObject *Sched_reset_cache(Sched *self, PyObject *noargs)
+{
+    (void)noargs;
+    return sched_reset(self, kvp_kv_sched_reset_cache);
+}
+
+static PyObject *Sched_reset_store(Sched *self, PyObject *noargs)
+{
+    (void)noargs;
+    return sched_reset(self, kvp_kv_sched_reset_store);
 }
 
 static PyObject *Sched_stats(Sched *self, PyObject *noargs)
@@ -855,6 +869,8 @@ static PyMethodDef Sched_methods[] = {
     {"request_finished", (PyCFunction)Sched_request_finished, METH_VARARGS,
      "(request_id, num_blocks) -> bool (delay freeing)"},
     {"reset_cache", (PyCFunction)Sched_reset_cache, METH_NOARGS, "() -> bool (ACK)"},
+    {"reset_store", (PyCFunction)Sched_reset_store, METH_NOARGS,
+     "() -> bool (ACK); load specs stay (the original's reset_store)"},
     {"stats", (PyCFunction)Sched_stats, METH_NOARGS, "() -> dict"},
     {"load_spec", (PyCFunction)Sched_load_spec, METH_VARARGS,
      "(request_id) -> (vllm_cached, kvpool_cached, can_load) | None"},
