@@ -35,11 +35,11 @@ What differs from ref.py's calls, and why it is the same decision:
 Also:
   --time           stderr: per-hook call counts and mean time (only the
                    hook call itself is timed)
-  --bench [ARGS]   no stdin: generate gen.py streams (--modes, --seeds,
-                   --steps as check.py) and replay each both through the
-                   extension and through the seed class (ref.Replayer),
-                   checking the outputs are equal and timing only the hook
-                   calls; one JSON summary on stdout.
+  --bench [FILE..] no stdin: the stream files, else gen.py streams (--modes,
+                   --seeds, --steps as check.py), each replayed through the
+                   extension and through the seed class (ref.Replayer), the
+                   outputs checked equal, only the hook calls timed; one
+                   JSON summary on stdout.
 """
 import argparse
 import hashlib
@@ -247,28 +247,41 @@ def _summary(acc):
             for k, (c, t) in acc.items()}
 
 
-def bench(args):
+def _streams(args):
+    """(name, event lines): the files given, else gen.py's streams."""
+    if args.files:
+        for path in args.files:
+            with open(path, encoding="utf-8") as f:
+                yield path, f.read().splitlines()
+        return
     import check  # the harness's mode table (imports gen and ref)
     import gen
     modes = check.MODES
     if args.modes:
         modes = {m: check.MODES[m] for m in args.modes.split(",")}
-    ext, seed = {}, {}
-    streams = events = 0
     for mode, margs in modes.items():
         for s in range(args.seed_start, args.seed_start + args.seeds):
-            evs = gen.generate(shlex.split(margs) + ["--seed", str(s), "--steps", str(args.steps)])
-            mine = list(replay(evs, lambda c: ExtReplayer(c, not args.all_token_ids), ext))
-            theirs = list(replay(evs, ref.Replayer, seed))
-            if mine != theirs:
-                i = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
-                sys.stderr.write("mismatch: mode %s seed %d line %d\n  seed: %s\n  ext:  %s\n"
-                                 % (mode, s, i + 1, theirs[i], mine[i]))
-                return 1
-            streams += 1
-            events += len(evs)
-    res = {"streams": streams, "events": events, "steps": args.steps, "seeds": args.seeds,
-           "modes": list(modes), "extension": _summary(ext), "seed": _summary(seed)}
+            yield "%s seed %d" % (mode, s), gen.generate(
+                shlex.split(margs) + ["--seed", str(s), "--steps", str(args.steps)])
+
+
+def bench(args):
+    ext, seed = {}, {}
+    streams = events = 0
+    for name, evs in _streams(args):
+        mine = list(replay(evs, lambda c: ExtReplayer(c, not args.all_token_ids), ext))
+        theirs = list(replay(evs, ref.Replayer, seed))
+        if mine != theirs:
+            i = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+            sys.stderr.write("mismatch: %s line %d\n  seed: %s\n  ext:  %s\n"
+                             % (name, i + 1, theirs[i], mine[i]))
+            return 1
+        streams += 1
+        events += len(evs)
+    res = {"streams": streams, "events": events, "extension": _summary(ext),
+           "seed": _summary(seed)}
+    if not args.files:
+        res.update(steps=args.steps, seeds=args.seeds, modes=args.modes or "all 16")
     b = res["extension"].get("build_connector_meta"), res["seed"].get("build_connector_meta")
     if b[0] and b[1] and b[0]["mean_ns"]:
         res["build_connector_meta_seed_over_ext"] = round(b[1]["mean_ns"] / b[0]["mean_ns"], 2)
@@ -286,7 +299,10 @@ def main(argv):
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("files", nargs="*", help="--bench: stream files instead of gen.py's")
     args = p.parse_args(argv)
+    if args.files and not args.bench:
+        p.error("stream files are for --bench (a replay reads stdin)")
     if not __debug__:
         sys.stderr.write("sched_replay.py: must not run with -O (ref.py's checks)\n")
         return 2
