@@ -18,10 +18,10 @@ What differs from ref.py's calls, and why it is the same decision:
   - The lookup client is a kvpool.kv.CallbackLookup over a scripted object
     with ref.py's LookupKeyClient bookkeeping (next_lookup, lookup_calls,
     discarded, reset_reply), so ref.py's op code reads it unchanged.
-  - Block hashes: the stream's hex strings become 8-byte values (bytes.fromhex
-    for gen.py's 16-digit ones, else an 8-byte BLAKE2b of the string); the
-    extension takes vLLM's bytes of one length and the seed reads only their
-    count.
+  - Block hashes: the stream's strings become bytes (bytes.fromhex for 16 or
+    64 hex digits, gen.py's and `kvpool bench --kv-scheduler`'s, else an
+    8-byte BLAKE2b of the string); the extension takes vLLM's bytes of one
+    length and the seed reads only their count.
   - Request._all_token_ids is the very list all_token_ids is (vLLM's
     Request keeps it under that name; the extension prefers it).
     --all-token-ids leaves it out, so the extension's fallback (a copy of
@@ -38,14 +38,17 @@ Also:
   --bench [FILE..] no stdin: the stream files, else gen.py streams (--modes,
                    --seeds, --steps as check.py), each replayed through the
                    extension and through the seed class (ref.Replayer), the
-                   outputs checked equal, only the hook calls timed; one
-                   JSON summary on stdout.
+                   outputs checked equal, only the hook calls timed (and,
+                   apart, pickling the seed's metadata, which the
+                   extension's hook returns already encoded); one JSON
+                   summary on stdout.
 """
 import argparse
 import hashlib
 import importlib.util
 import json
 import os
+import pickle
 import shlex
 import sys
 import time
@@ -89,7 +92,7 @@ from kvpool import sched as kvpool_sched  # noqa: E402
 
 
 def _hash_bytes(s):
-    if len(s) == 16:
+    if len(s) in (16, 64):  # gen.py's 8-byte and the C bench's 32-byte hashes
         try:
             return bytes.fromhex(s)
         except ValueError:
@@ -198,32 +201,43 @@ class Timed:
     """Stands in for a scheduler: each hook call is timed on its own (the
     wrapper's own call is outside the timed span)."""
 
-    def __init__(self, target, acc):
+    def __init__(self, target, acc, after=None):
+        """after: {hook: (label, fn)}: fn(the hook's result) is timed too,
+        under label, apart from the hook."""
         self._target = target
         for name in HOOKS:
             fn = getattr(target, name, None)
             if fn is not None:
-                setattr(self, name, self._wrap(fn, acc.setdefault(name, [0, 0])))
+                label, post = (after or {}).get(name, (None, None))
+                setattr(self, name, self._wrap(fn, acc.setdefault(name, [0, 0]), post,
+                                               acc.setdefault(label, [0, 0]) if post else None))
 
     @staticmethod
-    def _wrap(fn, slot):
+    def _wrap(fn, slot, post, post_slot):
         clock = time.perf_counter_ns
 
         def timed(*args):
             t = clock()
             try:
-                return fn(*args)
+                ret = fn(*args)
             finally:
                 slot[1] += clock() - t
                 slot[0] += 1
+            if post is not None:
+                t = clock()
+                post(ret)
+                post_slot[1] += clock() - t
+                post_slot[0] += 1
+            return ret
         return timed
 
     def __getattr__(self, name):
         return getattr(self._target, name)
 
 
-def replay(lines, make, acc=None):
-    """Yields the output lines of a stream; make(cfg) -> replayer."""
+def replay(lines, make, acc=None, after=None):
+    """Yields the output lines of a stream; make(cfg) -> replayer; acc:
+    hook timings (Timed)."""
     rep = None
     for line in lines:
         line = line.strip()
@@ -236,7 +250,7 @@ def replay(lines, make, acc=None):
         if rep is None:
             rep = make(ref.parse_config(ev))
             if acc is not None:
-                rep.sched = Timed(rep.sched, acc)
+                rep.sched = Timed(rep.sched, acc, after)
             yield ref.canonical({"ret": None})
             continue
         yield ref.canonical(rep.handle(ev))
@@ -270,7 +284,11 @@ def bench(args):
     streams = events = 0
     for name, evs in _streams(args):
         mine = list(replay(evs, lambda c: ExtReplayer(c, not args.all_token_ids), ext))
-        theirs = list(replay(evs, ref.Replayer, seed))
+        # The extension's hook returns the msgpack encoding for the workers;
+        # the seed's returns objects that vLLM pickles to send them (the
+        # multiprocess executor): that is timed on its own.
+        theirs = list(replay(evs, ref.Replayer, seed, {"build_connector_meta": (
+            "build_connector_meta_result_pickled", lambda m: pickle.dumps(m, protocol=5))}))
         if mine != theirs:
             i = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
             sys.stderr.write("mismatch: %s line %d\n  seed: %s\n  ext:  %s\n"
