@@ -757,7 +757,8 @@ static PyObject *Sched_build_connector_meta(Sched *self, PyObject *args)
     if (!(finl = PySequence_List(fin)) ||
         !(prel = pre == Py_None ? Py_NewRef(Py_None) : PySequence_List(pre)) ||
         ids_of(&a, finl, &so.finished_req_ids, &so.num_finished) < 0 ||
-        ids_of(&a, prel, &so.preempted_req_ids, &so.num_preempted) < 0 || refresh_views(self) < 0 ||
+        ids_of(&a, prel, &so.preempted_req_ids, &so.num_preempted) < 0 ||
+        refresh_views(self) < 0 ||
         new_reqs_of(self, &a, newr, nst, &so) < 0 || cached_reqs_of(self, &a, cached, nst, &so) < 0 ||
         tails_of(&a, tails, &so.partial_tails, &so.num_partial_tails) < 0)
         goto out;
