@@ -7,14 +7,7 @@ set -u
 SRC=${KVP_SOURCE_DIR:-.}
 KVP=${KVP_BIN:-build/kvpool}
 . "$SRC/tests/integration/checks.sh"
-venv=$(sh "$SRC/scripts/vllm-env.sh")
-venv_rc=$?
-venv=$(printf '%s\n' "$venv" | tail -n 1)
-if [ "$venv_rc" = 77 ]; then
-    echo "skipped: no room for the vLLM venv (scripts/vllm-env.sh)"
-    exit 77
-fi
-[ "$venv_rc" = 0 ] || { echo "FAIL scripts/vllm-env.sh exited $venv_rc"; exit 1; }
+. "$SRC/tests/integration/vllm_venv.sh"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-vllm.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL=WARNING \
@@ -33,5 +26,28 @@ run_module() { # module [env...]
     [ $rc -eq 0 ] || tail -n 80 "$T/$mod.log" | sed 's/^/    /'
     return $rc
 }
+check connector_config run_module test_connector_config
 check engine_local run_module test_engine_local VLLM_ENABLE_V1_MULTIPROCESSING=0
+check engine_options run_module test_engine_options VLLM_ENABLE_V1_MULTIPROCESSING=0
+check engine_shared run_module test_engine_shared
+check engine_mp run_module test_engine_mp
+
+# vLLM 0.32's MooncakeStoreScheduler against the C scheduler on the hook calls
+# of a real engine run (recorded here, small), and its K12 control (the hook
+# time per step: bench/sched_overhead.py, on a full recording).
+sched_vs_vllm032() {
+    start=$(date +%s)
+    env VLLM_ENABLE_V1_MULTIPROCESSING=0 "$venv/bin/python" -u "$SRC/tests/vllm/sched_record.py" \
+        "$T/sched.pkl" --small >"$T/sched_record.log" 2>&1 &&
+        "$venv/bin/python" -u "$SRC/tests/vllm/sched_vs_vllm032.py" "$T/sched.pkl" \
+            >"$T/sched_vs.log" 2>&1
+    rc=$?
+    grep -hE '^  recorded|expected difference|agreement|FAIL|unexpected' \
+        "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null | sed 's/^ */  sched_vs_vllm032: /'
+    [ $rc -eq 0 ] || tail -n 60 "$T/sched_record.log" "$T/sched_vs.log" 2>/dev/null |
+        sed 's/^/    /'
+    echo "  sched_vs_vllm032: $(( $(date +%s) - start )) s"
+    return $rc
+}
+check sched_vs_vllm032 sched_vs_vllm032
 checks_end

@@ -7,14 +7,7 @@ set -u
 SRC=${KVP_SOURCE_DIR:-.}
 KVP=${KVP_BIN:-build/kvpool}
 . "$SRC/tests/integration/checks.sh"
-venv=$(sh "$SRC/scripts/vllm-env.sh")
-venv_rc=$?
-venv=$(printf '%s\n' "$venv" | tail -n 1)
-if [ "$venv_rc" = 77 ]; then
-    echo "skipped: no room for the vLLM venv (scripts/vllm-env.sh)"
-    exit 77
-fi
-[ "$venv_rc" = 0 ] || { echo "FAIL scripts/vllm-env.sh exited $venv_rc"; exit 1; }
+. "$SRC/tests/integration/vllm_venv.sh"
 PY="$venv/bin/python"
 export HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR KVPOOL_LIB="${KVP_LIB:-build/libkvpool.so}"
 check vllm_hash_seed_0 env PYTHONHASHSEED=0 "$PY" "$SRC/tests/vllm/hash_vs_vllm.py" "$KVP" 1

@@ -44,7 +44,7 @@ def make_llm(model, kv_transfer_config=None, max_model_len=2048, **kw):
     from vllm import LLM
     args = dict(model=model, load_format="dummy", skip_tokenizer_init=True, block_size=BLOCK,
                 max_model_len=max_model_len, distributed_executor_backend="uni",
-                enable_prefix_caching=False, dtype="float32", seed=0,
+                enable_prefix_caching=False, dtype="float32", seed=0, enforce_eager=True,
                 kv_transfer_config=kv_transfer_config)
     args.update(kw)
     return LLM(**args)

@@ -87,9 +87,10 @@ class TestLocal(unittest.TestCase):
         self.assertEqual(after["load_errors"], before["load_errors"])
 
     def test_chunked_prefill_saves_every_chunk(self):
-        # 700 tokens over 256-token steps: three chunks; vLLM 0.32 allocates
-        # blocks a step ahead, so without the K12 fix some chunk's blocks
-        # would never be saved and the hit would stop short.
+        # 700 tokens over 256-token steps: three chunks, each saved as it
+        # completes blocks; the second run's hit covers every chunk.  (Here
+        # every chunk brings new block ids, so this does not exercise the
+        # K12 fix; tests/unit/test_kv_sched.c does.)
         ps = eu.prompts(2, 700, seed=2)
         cold = eu.greedy(LLM, ps)
         drain()

@@ -43,7 +43,8 @@ import weakref
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorMetadata,
                                                                KVConnectorRole, SupportsHMA)
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPromMetrics,
+                                                                  KVConnectorStats)
 
 import kvpool
 from kvpool import kv as _kv
@@ -166,7 +167,7 @@ def _uses_eagle(vllm_config):
 
 def lookup_endpoint(vllm_config, rpc_port):
     """The rank-0 lookup socket: the §2.4 name, inside a directory of this
-    engine's own (engine_id), so instances on one host never collide."""
+    engine's own (engine_id), so instances on one host never collide: (endpoint, dir)."""
     import vllm.envs as envs
     kvc = vllm_config.kv_transfer_config
     base = os.path.join(envs.VLLM_RPC_BASE_PATH, "kvpool-%s" % (kvc.engine_id or "0")[:12])
@@ -174,7 +175,7 @@ def lookup_endpoint(vllm_config, rpc_port):
     dp = getattr(vllm_config.parallel_config, "data_parallel_index", None)
     if dp is None:
         dp = vllm_config.parallel_config.data_parallel_rank
-    return _kv.ipc_endpoint(base, rpc_port, None, dp)
+    return _kv.ipc_endpoint(base, rpc_port, None, dp), base
 
 
 # ----------------------------------------------------------------- metadata and stats
@@ -213,6 +214,31 @@ class KvpoolConnectorStats(KVConnectorStats):
         return not any(self.data.get(k, 0) for k in STAT_KEYS)
 
 
+class KvpoolPromMetrics(KVConnectorPromMetrics):
+    """vllm:kvpool_<counter>_total per engine, from the stats deltas."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {
+            k: self._counter_cls(name="vllm:kvpool_%s_total" % k,
+                                 documentation="kvpool KV connector: %s" % k.replace("_", " "),
+                                 labelnames=labelnames)
+            for k in STAT_KEYS}
+        self._bound = {}
+
+    def observe(self, transfer_stats_data, engine_idx=0):
+        if not transfer_stats_data:
+            return
+        for k, v in transfer_stats_data.items():
+            if k not in self._counters or not v:
+                continue
+            c = self._bound.get((engine_idx, k))
+            if c is None:
+                c = self._bound[(engine_idx, k)] = self._counters[k].labels(
+                    *self.per_engine_labelvalues[engine_idx])
+            c.inc(v)
+
+
 _WORKERS = weakref.WeakSet()
 
 
@@ -239,7 +265,7 @@ class KvpoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._cfg = parse_extra_config(kvc.kv_connector_extra_config)
         self._kv_role = kvc.kv_role or "kv_both"
         self._shape = _shape(vllm_config, kv_cache_config)
-        self._endpoint = lookup_endpoint(vllm_config, self._cfg["lookup_rpc_port"])
+        self._endpoint, self._ipc_dir = lookup_endpoint(vllm_config, self._cfg["lookup_rpc_port"])
         self._sched = self._client = None
         self._pool = self._worker = self._lookup = self._server = None
         self._last = dict.fromkeys(STAT_KEYS, 0)
@@ -384,6 +410,10 @@ class KvpoolConnector(KVConnectorBase_V1, SupportsHMA):
             s.reset()
         return s
 
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvpoolPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def stats(self):
         """The C worker's counters (worker role) or the scheduler's tables."""
         if self._worker is not None:
@@ -418,6 +448,11 @@ class KvpoolConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None and done:  # a worker stuck in a save is left to exit
             self._worker.close()
             self._pool.close()
+        if self._server is not None:
+            try:  # the socket went with the server; its directory is ours to remove
+                os.rmdir(self._ipc_dir)
+            except OSError:
+                pass
         self._server = self._lookup = self._client = None
 
 
