@@ -394,15 +394,24 @@ static view_t *view_get(Sched *self, PyObject *req)
     return view_refresh(v, req) < 0 ? NULL : v;
 }
 
-/* Refreshes the view of a request id of this step from its Request (ids
- * never viewed are the C scheduler's to judge). */
-static int refresh_id(Sched *self, PyObject *id)
+/*
+ * Refreshes every view from its Request, once per build_connector_meta,
+ * before the C call.  Not only the step's scheduled ids: the original also
+ * reads the live Request of ids it is not handed this step (K13's deferred
+ * load metas and K14's offload-only metas take its block_hashes as they are
+ * now), and the engine may have changed those Requests since their last
+ * hook.  A view whose Request did not change costs three attribute reads.
+ */
+static int refresh_views(Sched *self)
 {
-    PyObject *cap = PyDict_GetItemWithError(self->views, id);
-    if (!cap)
-        return PyErr_Occurred() ? -1 : 0;
-    view_t *v = PyCapsule_GetPointer(cap, "kvpool.view");
-    return v && v->obj ? view_refresh(v, v->obj) : 0;
+    Py_ssize_t pos = 0;
+    PyObject *id, *cap;
+    while (PyDict_Next(self->views, &pos, &id, &cap)) {
+        view_t *v = PyCapsule_GetPointer(cap, "kvpool.view");
+        if (!v || (v->obj && view_refresh(v, v->obj) < 0))
+            return -1;
+    }
+    return 0;
 }
 
 static int cfg_bool(PyObject *d, const char *k, bool *out)
@@ -646,8 +655,6 @@ static int new_reqs_of(Sched *self, arena_t *a, PyObject *list, PyObject *nst,
             PyObject *ns = PyDict_GetItemWithError(nst, id);
             r[i].num_scheduled_tokens = KVP_KV_NO_ENTRY;
             rc = ns ? int64_of(ns, &r[i].num_scheduled_tokens) : (PyErr_Occurred() ? -1 : 0);
-            if (rc == 0)
-                rc = refresh_id(self, id);
             /* the id's UTF-8 cache lives in the NewRequestData's str */
         }
         Py_XDECREF(id);
@@ -692,8 +699,7 @@ static int cached_reqs_of(Sched *self, arena_t *a, PyObject *cached, PyObject *n
             goto out;
         PyObject *ns = PyDict_GetItemWithError(nst, id);
         c[i].num_scheduled_tokens = KVP_KV_NO_ENTRY;
-        if ((ns && int64_of(ns, &c[i].num_scheduled_tokens) < 0) || (!ns && PyErr_Occurred()) ||
-            refresh_id(self, id) < 0)
+        if ((ns && int64_of(ns, &c[i].num_scheduled_tokens) < 0) || (!ns && PyErr_Occurred()))
             goto out;
         if (any_resumed) {
             int t = PySequence_Contains(resumed, id);
@@ -752,6 +758,7 @@ static PyObject *Sched_build_connector_meta(Sched *self, PyObject *args)
         !(prel = pre == Py_None ? Py_NewRef(Py_None) : PySequence_List(pre)) ||
         ids_of(&a, finl, &so.finished_req_ids, &so.num_finished) < 0 ||
         ids_of(&a, prel, &so.preempted_req_ids, &so.num_preempted) < 0 ||
+        refresh_views(self) < 0 ||
         new_reqs_of(self, &a, newr, nst, &so) < 0 || cached_reqs_of(self, &a, cached, nst, &so) < 0 ||
         tails_of(&a, tails, &so.partial_tails, &so.num_partial_tails) < 0)
         goto out;
@@ -806,18 +813,32 @@ static PyObject *Sched_request_finished(Sched *self, PyObject *args)
     return PyBool_FromLong(delay);
 }
 
-static PyObject *Sched_reset_cache(Sched *self, PyObject *noargs)
+/* reset_cache: the connector's (pending load specs go, then reset_store);
+ * reset_store: the original scheduler's K18 alone (load specs stay), which
+ * is what a replay of the original calls. */
+static PyObject *sched_reset(Sched *self, kvp_status_t (*reset)(kvp_kv_sched_t *, bool *))
 {
-    (void)noargs;
     NEED_SCHED(self);
     bool ok = false;
     kvp_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = kvp_kv_sched_reset_cache(self->sched, &ok);
+    st = reset(self->sched, &ok);
     Py_END_ALLOW_THREADS
     if (st != KVP_OK)
         return sched_fail(self, st);
     return PyBool_FromLong(ok);
+}
+
+static PyObject *Sched_reset_cache(Sched *self, PyObject *noargs)
+{
+    (void)noargs;
+    return sched_reset(self, kvp_kv_sched_reset_cache);
+}
+
+static PyObject *Sched_reset_store(Sched *self, PyObject *noargs)
+{
+    (void)noargs;
+    return sched_reset(self, kvp_kv_sched_reset_store);
 }
 
 static PyObject *Sched_stats(Sched *self, PyObject *noargs)
@@ -855,6 +876,8 @@ static PyMethodDef Sched_methods[] = {
     {"request_finished", (PyCFunction)Sched_request_finished, METH_VARARGS,
      "(request_id, num_blocks) -> bool (delay freeing)"},
     {"reset_cache", (PyCFunction)Sched_reset_cache, METH_NOARGS, "() -> bool (ACK)"},
+    {"reset_store", (PyCFunction)Sched_reset_store, METH_NOARGS,
+     "() -> bool (ACK); load specs stay (the original's reset_store)"},
     {"stats", (PyCFunction)Sched_stats, METH_NOARGS, "() -> dict"},
     {"load_spec", (PyCFunction)Sched_load_spec, METH_VARARGS,
      "(request_id) -> (vllm_cached, kvpool_cached, can_load) | None"},

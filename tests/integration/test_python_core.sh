@@ -47,6 +47,48 @@ bench_smoke() {
 }
 check bench_smoke bench_smoke
 
+# tests/python/sched_replay.py: kvpool.sched.Scheduler (the extension over
+# the C scheduler) fed duck-typed vLLM objects, decision for decision against
+# the original scheduler with the kvsched-ref harness: its samples and 4
+# seeds of its 16 modes, 1 seed through the extension's all_token_ids
+# fallback, and a stream whose requests change while not scheduled (K13
+# deferred-load and K14 offload-only metas read them).  About 15 s on 2 cores.
+KVREF="${KVP_SHARED_DIR:-$SRC/../shared}/tools/kvsched-ref"
+sched_replay() {
+    cmd="'$PY' '$SRC/tests/python/sched_replay.py'"
+    cat >"$T/unsched.jsonl" <<'EVENTS'
+{"op":"config","version":1,"kv_role":"kv_both","load_async":true,"lookup_async":false,"enable_lookup":true,"block_size":16,"hash_block_size":16,"partial_hits":false}
+{"op":"req","req_id":"r1","num_tokens":40,"num_computed_tokens":0,"all_token_ids":[1,2,3],"block_hashes":["0000000000000001","0000000000000002"]}
+{"op":"get_num_new_matched_tokens","req_id":"r1","num_computed_tokens":0,"lookup":32}
+{"op":"update_state_after_alloc","req_id":"r1","block_ids":[[1,2,3]],"num_external_tokens":32}
+{"op":"req","req_id":"r1","append_block_hashes":["0000000000000003"],"append_token_ids":[4,5]}
+{"op":"build_connector_meta","finished_req_ids":[],"preempted_req_ids":null,"scheduled_new_reqs":[],"scheduled_cached_reqs":{"req_ids":[],"new_block_ids":[],"num_computed_tokens":[],"resumed_req_ids":[]},"num_scheduled_tokens":{}}
+{"op":"req","req_id":"r2","num_tokens":40,"num_computed_tokens":0,"all_token_ids":[1,2,3],"block_hashes":["0000000000000001","0000000000000002"]}
+{"op":"get_num_new_matched_tokens","req_id":"r2","num_computed_tokens":0,"lookup":0}
+{"op":"update_state_after_alloc","req_id":"r2","block_ids":[[7,8,9]],"num_external_tokens":0}
+{"op":"build_connector_meta","finished_req_ids":[],"preempted_req_ids":null,"scheduled_new_reqs":[{"req_id":"r2","num_computed_tokens":0,"block_ids":[[7,8,9]],"prompt_token_ids":[1,2,3],"prefill_token_ids":null}],"scheduled_cached_reqs":{"req_ids":[],"new_block_ids":[],"num_computed_tokens":[],"resumed_req_ids":[]},"num_scheduled_tokens":{"r2":40}}
+{"op":"req","req_id":"r2","append_block_hashes":["0000000000000004","0000000000000005"]}
+{"op":"build_connector_meta","finished_req_ids":[],"preempted_req_ids":null,"scheduled_new_reqs":[],"scheduled_cached_reqs":{"req_ids":[],"new_block_ids":[],"num_computed_tokens":[],"resumed_req_ids":[]},"num_scheduled_tokens":{},"partial_tail_offloads":[{"req_id":"r2","offloads":[[1,900,40]]}]}
+EVENTS
+    (
+        export KVPOOL_LIB="$KVP_LIB" PYTHONPATH="$SRC/python"
+        "$PY" "$KVREF/check.py" --seeds 4 "$cmd" &&
+            "$PY" "$KVREF/check.py" --no-samples --seeds 1 "$cmd --all-token-ids" &&
+            "$PY" "$KVREF/ref.py" <"$T/unsched.jsonl" >"$T/unsched.want" &&
+            "$PY" "$SRC/tests/python/sched_replay.py" <"$T/unsched.jsonl" >"$T/unsched.got" &&
+            cmp "$T/unsched.want" "$T/unsched.got" && echo "unscheduled requests: outputs match"
+    ) >"$T/sched_replay.log" 2>&1
+    rc=$?
+    grep -E '^(all outputs match|FAIL|unscheduled)' "$T/sched_replay.log" | sed 's/^/  sched_replay: /'
+    [ $rc -eq 0 ] || tail -n 40 "$T/sched_replay.log"
+    return $rc
+}
+if [ -f "$KVREF/check.py" ]; then
+    check sched_replay_matches_original sched_replay
+else
+    echo "skip sched_replay: the kvsched-ref harness is not at $KVREF (KVP_SHARED_DIR)"
+fi
+
 # pip install ./python into a venv, offline.  Debian's venv has pip and
 # setuptools but not wheel; --system-site-packages lends it python3-wheel.
 pip_install() {
