@@ -325,6 +325,7 @@ typedef struct {
     PyObject *views; /* request id -> capsule(view_t) */
     int *proj;       /* store group ids, or NULL: all */
     int n_proj;
+    bool token_ids;  /* ReqMetas carry their token ids (the original's); false: None */
 } Sched;
 
 static PyObject *ErrorFor(kvp_kv_err_kind_t kind)
@@ -447,12 +448,14 @@ static int cfg_int32(PyObject *d, const char *k, int32_t *out)
 
 static int Sched_init(Sched *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"config", "client_address", "keep", "store_groups", NULL};
+    static char *kwlist[] = {"config", "client_address", "keep", "store_groups", "token_ids", NULL};
     PyObject *cfgd, *keep = Py_None, *groups = Py_None;
     unsigned long long addr;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|OO", kwlist, &PyDict_Type, &cfgd, &addr,
-                                     &keep, &groups))
+    int token_ids = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|OOp", kwlist, &PyDict_Type, &cfgd, &addr,
+                                     &keep, &groups, &token_ids))
         return -1;
+    self->token_ids = token_ids;
     if (self->sched) {
         PyErr_SetString(PyExc_RuntimeError, "Scheduler already initialised");
         return -1;
@@ -769,19 +772,37 @@ static PyObject *Sched_build_connector_meta(Sched *self, PyObject *args)
     } else {
         uint8_t *buf = NULL;
         size_t len = 0;
-        st = kvp_kv_meta_encode(meta, &buf, &len);
+        kvp_kv_meta_t lean;
+        if (!self->token_ids && meta->num_requests) {
+            /* The workers never read a ReqMeta's token ids (the original
+             * keeps them for KV events): most of a prefill step's bytes. */
+            kvp_kv_req_meta_t *r = arena_alloc(&a, meta->num_requests * sizeof *r);
+            for (size_t i = 0; r && i < meta->num_requests; i++) {
+                r[i] = meta->requests[i];
+                r[i].token_ids = NULL, r[i].num_token_ids = 0, r[i].has_token_ids = false;
+            }
+            lean = *meta;
+            lean.requests = r;
+            meta = r ? &lean : NULL; /* NULL: out of memory (raised) */
+        }
+        st = meta ? kvp_kv_meta_encode(meta, &buf, &len) : KVP_ERR_NO_MEMORY;
         if (st != KVP_OK) {
-            PyErr_NoMemory();
+            if (!PyErr_Occurred())
+                PyErr_NoMemory();
         } else {
             ret = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
             kvp_kv_meta_buf_free(buf, len);
         }
     }
     /* The finished ids are processed (or the step failed where the original
-     * fails, and the engine drops them too): their views go. */
+     * fails, and the engine drops them too): their views go.  An exception
+     * being raised is kept across the deletions. */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(finl); i++)
         if (PyDict_DelItem(self->views, PyList_GET_ITEM(finl, i)) < 0)
             PyErr_Clear(); /* never viewed */
+    PyErr_Restore(et, ev, tb);
 out:
     arena_free(&a);
     Py_XDECREF(finl);

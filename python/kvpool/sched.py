@@ -66,9 +66,12 @@ class Scheduler:
     """The C KV scheduler.  lookup: an object with a `client` attribute, the
     kvp_kv_lookup_client_t ctypes struct (kvpool.kv.LookupClient or
     LookupPool), kept alive as long as this scheduler.  store_groups: the
-    KV-cache group ids the pool stores, in store order (None: all)."""
+    KV-cache group ids the pool stores, in store order (None: all).
+    token_ids=False sends every ReqMeta without its token ids (None): the
+    workers never read them (the original keeps them for KV events), and in
+    a prefill step they are most of the metadata's bytes."""
 
-    def __init__(self, lookup, *, store_groups=None, **config):
+    def __init__(self, lookup, *, store_groups=None, token_ids=True, **config):
         bad = sorted(set(config) - set(CONFIG_KEYS))
         if bad:
             raise TypeError("Scheduler: unknown option(s) %s; known: %s"
@@ -80,7 +83,8 @@ class Scheduler:
         cfg = {k: v for k, v in config.items() if v is not None}
         self._lookup = None
         self._s = _ext.Scheduler(cfg, ctypes.addressof(client), lookup,
-                                 None if store_groups is None else list(store_groups))
+                                 None if store_groups is None else list(store_groups),
+                                 bool(token_ids))
         if hasattr(lookup, "retain"):  # its close() is refused while we use it
             lookup.retain()
             self._lookup = lookup

@@ -285,7 +285,7 @@ class KvpoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._client = _kv.LookupClient(self._endpoint, timeout_ms=c["lookup_timeout_ms"],
                                         send_eagle=s["use_eagle"], apply_eagle=s["use_eagle"])
         self._sched = Scheduler(
-            self._client, store_groups=s["store_groups"], kv_role=self._kv_role,
+            self._client, store_groups=s["store_groups"], token_ids=False, kv_role=self._kv_role,
             load_async=c["load_async"], lookup_async=c["lookup_async"],
             enable_lookup=c["enable_lookup"], block_size=s["block_size"],
             hash_block_size=s["hash_block_size"], partial_hits=s["partial_hits"],
