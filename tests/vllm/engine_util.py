@@ -66,6 +66,22 @@ def greedy(llm, token_prompts, max_tokens=8):
     return [(list(o.outputs[0].token_ids), o.num_cached_tokens or 0) for o in outs]
 
 
+def drain(llm):
+    """Saves done, and the engine told: the connector's workers drain, then
+    the engine steps until the finished requests whose frees waited for
+    their saves are freed (LLM.generate stops stepping at the last output)."""
+    from kvpool.vllm import connector as kc
+    for w in list(kc._WORKERS):
+        assert w.drain(30), "saves did not drain"
+    core = llm.llm_engine.engine_core.engine_core
+    for _ in range(100):
+        if not core.scheduler.has_finished_requests():
+            return
+        llm.llm_engine.step()
+        time.sleep(0.005)
+    raise AssertionError("finished requests never freed")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

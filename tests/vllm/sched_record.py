@@ -148,20 +148,6 @@ def portable_config(vllm_config):
     return cfg
 
 
-def drain(llm):
-    """Saves done, and the finished requests' delayed frees stepped through."""
-    from kvpool.vllm import connector as kc
-    for w in list(kc._WORKERS):
-        assert w.drain(30), "saves did not drain"
-    core = llm.llm_engine.engine_core.engine_core
-    for _ in range(100):
-        if not core.scheduler.has_finished_requests():
-            return
-        llm.llm_engine.step()
-        time.sleep(0.005)
-    raise AssertionError("finished requests never freed")
-
-
 def workloads(small):
     rng = random.Random(7)
     tok = lambda n: [rng.randrange(3, 1000) for _ in range(n)]  # noqa: E731
@@ -190,7 +176,7 @@ def record(out_path, small=False):
         for run in ("cold", "warm"):
             rec.step_label = "%s/%s" % (name, run)
             outs = eu.greedy(llm, ps, max_tokens=max_tokens)
-            drain(llm)
+            eu.drain(llm)
             runs.append((rec.step_label, [c for _, c in outs]))
     core = llm.llm_engine.engine_core.engine_core
     data = {

@@ -41,17 +41,7 @@ def workers():
 
 
 def drain():
-    """Saves done, and the engine told (finished requests whose frees waited
-    for their saves are freed on a step: LLM.generate stops stepping when
-    the last output is out)."""
-    for w in workers():
-        assert w.drain(30), "saves did not drain"
-    for _ in range(100):
-        if not engine_core().scheduler.has_finished_requests():
-            return
-        LLM.llm_engine.step()
-        time.sleep(0.005)
-    raise AssertionError("finished requests never freed")
+    eu.drain(LLM)
 
 
 def wstats():

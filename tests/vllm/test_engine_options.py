@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine_util as eu  # noqa: E402
 
 import kvpool.vllm  # noqa: E402
-from kvpool.vllm import connector as kc  # noqa: E402
 
 NUM_BLOCKS = 48
 
@@ -49,14 +48,7 @@ def tearDownModule():
 
 
 def settle():
-    for w in list(kc._WORKERS):
-        assert w.drain(30)
-    core = LLM.llm_engine.engine_core.engine_core
-    for _ in range(100):
-        if not core.scheduler.has_finished_requests():
-            return
-        LLM.llm_engine.step()
-        time.sleep(0.005)
+    eu.drain(LLM)
 
 
 def hit(n):
