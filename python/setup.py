@@ -1,9 +1,10 @@
 """Build hook: `pip install ./python` carries libkvpool.so into the package.
 
-The package is ctypes over libkvpool.so, plus one small CPython extension,
-kvpool._kvsched (the scheduler hooks read vLLM's objects in C; it takes the
-library's symbols from the libkvpool.so that kvpool/_lib.py loads, so it is
-compiled against ../include only and never linked to a library path).  At
+The package is ctypes over libkvpool.so, plus two small CPython extensions,
+kvpool._kvsched (the scheduler hooks read vLLM's objects in C) and
+kvpool._kvio (Pool's single-key get_into/put without ctypes); they take the
+library's symbols from the libkvpool.so that kvpool/_lib.py loads, so they
+are compiled against ../include only and never linked to a library path.  At
 build time this also copies one
 libkvpool.so into kvpool/ inside the build (never into the source tree), so
 the installed package finds it without KVPOOL_LIB.  Which one:
@@ -56,10 +57,10 @@ if not os.path.isfile(os.path.join(INCLUDE, "kvpool", "kv_connector.h")):
     raise SystemExit("kvpool: no kvpool/kv_connector.h under %s; build from the repository "
                      "(pip install ./python) or set KVPOOL_INCLUDE to its include/ directory"
                      % INCLUDE)
-KVSCHED = Extension(
-    "kvpool._kvsched", sources=["kvpool/_kvsched.c"],
-    include_dirs=[INCLUDE],
-    extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
-                        "-Wno-cast-function-type"])
+FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+         "-Wno-cast-function-type"]
+EXTENSIONS = [Extension("kvpool." + name, sources=["kvpool/%s.c" % name], include_dirs=[INCLUDE],
+                        extra_compile_args=FLAGS)
+              for name in ("_kvsched", "_kvio")]  # the scheduler hooks; Pool's fast path
 
-setup(cmdclass={"build_py": BuildPyWithLib}, ext_modules=[KVSCHED])
+setup(cmdclass={"build_py": BuildPyWithLib}, ext_modules=EXTENSIONS)

@@ -46,6 +46,32 @@ def _load():
 
 lib, path = _load()
 
+
+def load_ext(name):
+    """The package's extension kvpool.<name> (_kvsched, _kvio): its own copy
+    (pip install), else the one a build tree puts next to the libkvpool.so
+    loaded above (CMake target kvpool_pyext), so PYTHONPATH=python with
+    KVPOOL_LIB=build/libkvpool.so works too.  ImportError if neither."""
+    import glob
+    import importlib
+    import importlib.util
+    import sys
+    try:
+        return importlib.import_module("kvpool." + name)
+    except ImportError as e:
+        first = e
+    here = os.path.dirname(os.path.realpath(path))
+    for p in sorted(glob.glob(os.path.join(here, name + ".*.so"))):
+        spec = importlib.util.spec_from_file_location("kvpool." + name, p)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["kvpool." + name] = mod
+        return mod
+    raise ImportError("kvpool: the extension kvpool.%s is not built (%s; and no %s.*.so next to "
+                      "%s). `pip install ./python` builds it (needs a C compiler and "
+                      "python3-dev); a CMake build makes build/%s.*.so."
+                      % (name, first, name, path, name))
+
 c_status = ctypes.c_int  # kvp_status_t (an int enum)
 c_size_p = ctypes.POINTER(ctypes.c_size_t)
 

@@ -29,6 +29,11 @@ from .errors import Error, error_for, raise_for
 
 __all__ = ["Pool", "KeyResult"]
 
+try:  # the single-key fast path (python/kvpool/_kvio.c); ctypes alone without it
+    _io = _lib.load_ext("_kvio")
+except ImportError:
+    _io = None
+_FAST_KEYS = (str, bytes)
 _byref = ctypes.byref
 _addressof = ctypes.addressof
 _Key, _Iov, _Sgl, _Res = _lib.Key, _lib.Iov, _lib.Sgl, _lib.KeyResult
@@ -182,6 +187,15 @@ class Pool(Handle):
         KeyResult (existed=True if the key was already stored: not an error).
         Raises the Error of a failed key (e.g. NoSpace)."""
         h = self._handle()
+        if _io is not None and type(key) in _FAST_KEYS:
+            try:
+                st, rst, flags, size = _io.put(h, key, value)
+            except (TypeError, BufferError, ValueError):
+                pass  # not a plain buffer: the ctypes path takes it (or says why not)
+            else:
+                raise_for(st)
+                raise_for(rst)
+                return KeyResult(0, bool(flags & 1), size)
         k = _Key(*_key(key))
         held = []
         try:
@@ -215,6 +229,17 @@ class Pool(Handle):
         value's size.  NotFound if absent; BufferTooSmall (nothing copied,
         .size = the size needed) if the buffer is shorter than the value."""
         h = self._handle()
+        if _io is not None and type(key) in _FAST_KEYS:
+            try:
+                st, rst, _flags, size = _io.get_into(h, key, buffer)
+            except (TypeError, BufferError, ValueError):
+                pass  # not a plain writable buffer: the ctypes path takes it (or says why not)
+            else:
+                if st != 0:
+                    raise_for(st)
+                if rst != 0:
+                    _raise_key(_Res(rst, 0, size))
+                return size
         k = _Key(*_key(key))
         held = []
         try:

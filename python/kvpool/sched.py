@@ -21,39 +21,13 @@ class is raised, with the C scheduler's message; the state is then what the
 original leaves.
 """
 import ctypes
-import glob
-import importlib.util
-import os
-import sys
 
 from . import _lib
 
 __all__ = ["Scheduler", "CONFIG_KEYS"]
 
 
-def _load_ext():
-    """kvpool._kvsched: the package's own (pip install), else the one a build
-    tree puts next to the libkvpool.so that _lib loaded (CMake target
-    kvpool_pyext), so PYTHONPATH=python with KVPOOL_LIB=build/... works."""
-    try:
-        from . import _kvsched
-        return _kvsched
-    except ImportError as e:
-        first = e
-    here = os.path.dirname(os.path.realpath(_lib.path))
-    for p in sorted(glob.glob(os.path.join(here, "_kvsched*.so"))):
-        spec = importlib.util.spec_from_file_location("kvpool._kvsched", p)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        sys.modules["kvpool._kvsched"] = mod
-        return mod
-    raise ImportError("kvpool: the scheduler extension kvpool._kvsched is not built (%s; and no "
-                      "_kvsched*.so next to %s). `pip install ./python` builds it (needs a C "
-                      "compiler and python3-dev); a CMake build makes build/_kvsched*.so."
-                      % (first, _lib.path))
-
-
-_ext = _load_ext()
+_ext = _lib.load_ext("_kvsched")
 
 # kvp_kv_config_t fields the constructor takes (the C defaults apply to the rest).
 CONFIG_KEYS = ("kv_role", "load_async", "lookup_async", "enable_lookup", "block_size",
