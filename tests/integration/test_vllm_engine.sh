@@ -10,7 +10,8 @@ KVP=${KVP_BIN:-build/kvpool}
 . "$SRC/tests/integration/vllm_venv.sh"
 T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-vllm.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL=WARNING \
+# Everything the tests write (model configs, logs, lookup sockets) goes under $T.
+export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL=WARNING TMPDIR="$T" \
     VLLM_RPC_BASE_PATH="$T" KVPOOL_BIN="$KVP" \
     KVPOOL_LIB="$(cd "$(dirname "${KVP_LIB:-build/libkvpool.so}")" && pwd)/$(basename "${KVP_LIB:-build/libkvpool.so}")"
 export PYTHONPATH="$SRC/python"
