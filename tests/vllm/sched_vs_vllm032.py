@@ -337,7 +337,8 @@ def replay(rec, compare=True, seed_k12=False):
     the hook calls per step, and the comparison when compare).  seed_k12:
     the C scheduler keeps the seed's K12 quirk (the negative control: its
     differences must show, and nothing else)."""
-    os.environ.setdefault("VLLM_RPC_BASE_PATH", tempfile.mkdtemp(prefix="kvp-replay-"))
+    if "VLLM_RPC_BASE_PATH" not in os.environ:  # (made once, only when none is given)
+        os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="kvp-replay-")
     vcfg, kcfg = rec["vllm_config"], rec["kv_cache_config"]
     sides = [KvpoolSide(vcfg, kcfg, seed_k12), MooncakeSide(vcfg, kcfg)]
     kside, mside = sides
