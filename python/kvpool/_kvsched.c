@@ -76,6 +76,21 @@ static void *arena_alloc(arena_t *a, size_t n)
     return p;
 }
 
+/* Empties the arena for the next call, keeping its newest chunk: a step's
+ * views then cost no malloc once the arena has grown to a step's size. */
+static void arena_reset(arena_t *a)
+{
+    chunk_t *keep = a->head;
+    if (!keep)
+        return;
+    for (chunk_t *c = keep->next, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    keep->next = NULL;
+    keep->used = 0;
+}
+
 static void arena_free(arena_t *a)
 {
     while (a->head) {
@@ -326,6 +341,7 @@ typedef struct {
     int *proj;       /* store group ids, or NULL: all */
     int n_proj;
     bool token_ids;  /* ReqMetas carry their token ids (the original's); false: None */
+    arena_t arena;   /* the C views of one hook call, reset after it */
 } Sched;
 
 static PyObject *ErrorFor(kvp_kv_err_kind_t kind)
@@ -535,6 +551,7 @@ static void Sched_dealloc(Sched *self)
         kvp_kv_sched_destroy(self->sched); /* before the views it points to */
     Py_XDECREF(self->views);
     Py_XDECREF(self->keep);
+    arena_free(&self->arena);
     free(self->proj);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -582,14 +599,15 @@ static PyObject *Sched_update_state_after_alloc(Sched *self, PyObject *args)
     view_t *v = view_get(self, req);
     if (!v)
         return NULL;
-    arena_t a = {0};
+    arena_t a = self->arena;
     kvp_kv_blocks_t b;
     PyObject *ret = NULL;
     if (blocks_of(&a, blocks, self->proj, self->n_proj, &b) == 0) {
         kvp_status_t st = kvp_kv_sched_update_state_after_alloc(self->sched, &v->req, &b, ext);
         ret = st == KVP_OK ? Py_NewRef(Py_None) : sched_fail(self, st);
     }
-    arena_free(&a);
+    arena_reset(&a);
+    self->arena = a;
     return ret;
 }
 
@@ -730,7 +748,7 @@ static PyObject *Sched_build_connector_meta(Sched *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O", &out))
         return NULL;
     NEED_SCHED(self);
-    arena_t a = {0};
+    arena_t a = self->arena;
     kvp_kv_sched_output_t so;
     memset(&so, 0, sizeof so);
     PyObject *fin = ATTR(out, finished_req_ids);
@@ -804,7 +822,8 @@ static PyObject *Sched_build_connector_meta(Sched *self, PyObject *args)
             PyErr_Clear(); /* never viewed */
     PyErr_Restore(et, ev, tb);
 out:
-    arena_free(&a);
+    arena_reset(&a);
+    self->arena = a;
     Py_XDECREF(finl);
     Py_XDECREF(prel);
     Py_XDECREF(fin);
