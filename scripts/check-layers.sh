@@ -2,7 +2,7 @@
 # Layer direction (ARCHITECTURE.md §2): no file includes a header of a layer
 # above it.
 #
-#   engine, tools, python -> kv, ec -> client -> cluster, net, store -> common
+#   tools -> engine;  engine, tools, python -> kv, ec -> client -> cluster, net, store -> common
 #   server -> net, store;   include/kvpool/ (the public headers) beneath all
 #
 # A file's layer is its folder (src/<layer>/, tools/, python/,
@@ -28,7 +28,7 @@ allowed() { # layer -> the layers it may include (itself first)
     client) echo "client cluster net store common kvpool" ;;
     kv | ec) echo "$1 client cluster net store common kvpool" ;;
     engine) echo "engine common kvpool" ;;
-    tools) echo "tools server support common kvpool" ;;
+    tools) echo "tools engine server support common kvpool" ;;
     python) echo "python kvpool" ;;
     *) echo "" ;;
     esac
