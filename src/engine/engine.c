@@ -29,6 +29,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -167,6 +168,8 @@ kvp_status_t kvp__eng_create(const kvp__eng_params_t *p, kvp__eng_t **eng_p)
     e->seg = (size_t)p->block_size * rank_heads(p->model, p->tp) * p->model->head_dim *
              p->model->elem_bytes;
     e->num_blocks = p->gpu_tokens / p->block_size;
+    const char *chk = getenv("KVP_ENGINE_CHECK");
+    e->check = chk && *chk == '1';
     snprintf(e->model_name, sizeof e->model_name, "replay-%s", p->model->name);
     kvp_status_t st = kvp__bp_init(&e->bp, e->num_blocks);
     if (st == KVP_OK)
@@ -552,7 +555,8 @@ static kvp_status_t schedule_waiting_one(kvp__eng_t *e, step_t *s, rq_t *q, bool
     bool async = false;
     int64_t hit_ids_n = 0;
     int64_t *hit_ids = NULL;
-    if (q->num_computed == 0) {
+    bool fresh = q->nblocks == 0; /* else: back from an async load, blocks held */
+    if (fresh) {
         int64_t nfull = (q->num_tokens - 1) / bs;
         if (nfull > q->num_hashes)
             nfull = q->num_hashes;
@@ -573,7 +577,7 @@ static kvp_status_t schedule_waiting_one(kvp__eng_t *e, step_t *s, rq_t *q, bool
             ext = num;
         }
     }
-    int64_t computed = q->num_computed ? q->num_computed : local + ext;
+    int64_t computed = fresh ? local + ext : q->num_computed;
     int64_t want = q->num_tokens - computed;
     bool wait_remote = async && ext > 0;
     if (wait_remote)
@@ -582,15 +586,13 @@ static kvp_status_t schedule_waiting_one(kvp__eng_t *e, step_t *s, rq_t *q, bool
         want = s->budget;
     int64_t have = q->nblocks + hit_ids_n;
     int64_t need = (computed + want + bs - 1) / bs - have;
-    if (need > e->bp.num_free) {
-        /* hits in the free queue are taken first: they may be what is free */
-        int64_t free_hits = 0;
-        for (int64_t i = 0; i < hit_ids_n; i++)
-            free_hits += e->bp.blocks[hit_ids[i]].ref == 0;
-        if (need > e->bp.num_free - free_hits) {
-            *stop_p = true;
-            return KVP_OK;
-        }
+    /* hits in the free queue are taken first: they may be what is free */
+    int64_t free_hits = 0;
+    for (int64_t i = 0; i < hit_ids_n; i++)
+        free_hits += e->bp.blocks[hit_ids[i]].ref == 0;
+    if (need > e->bp.num_free - free_hits) {
+        *stop_p = true;
+        return KVP_OK;
     }
     if (hit_ids_n) {
         if (!rq_grow_blocks(q, q->nblocks + hit_ids_n))
@@ -667,10 +669,28 @@ static kvp_status_t schedule_waiting(kvp__eng_t *e, step_t *s)
         kvp_status_t st = schedule_waiting_one(e, s, q, &stop);
         if (st != KVP_OK)
             return st;
-        if (stop)
+        /* vLLM stops at the first request that does not fit; with nothing
+         * running, the blocks it waits for are held by requests behind it
+         * (back from their loads), so those go first instead of nothing */
+        if (stop && (running > 0 || !kvp__list_empty(&e->finishing)))
             break;
         if (q->state == RQ_RUNNING)
             running++;
+    }
+    if (s->nsched || running || !kvp__list_empty(&e->finishing))
+        return KVP_OK;
+    /* Nothing runs and nothing could start: every block is held by waiting
+     * requests back from their loads, each needing more.  The last of them
+     * gives its blocks up and will recompute (a preemption). */
+    for (i = n; i-- > 0;) {
+        rq_t *q = snap[i];
+        if (q->state == RQ_WAITING && q->nblocks) {
+            rq_free_blocks(e, q);
+            q->num_computed = 0;
+            rq_sync_view(q);
+            e->stats.preemptions++;
+            break;
+        }
     }
     return KVP_OK;
 }
@@ -838,6 +858,25 @@ static void model_io(kvp__eng_t *e, const kvp_kv_meta_t *meta, double end)
     }
 }
 
+/* The block pool's books balance: every reference is a request's block
+ * (KVP_ENGINE_CHECK=1 runs it after every step; the tests set it). */
+static void check_refs(const kvp__eng_t *e)
+{
+    int64_t held = 0, refs = 0;
+    const kvp__list_t *lists[] = {&e->waiting, &e->running, &e->finishing};
+    for (size_t l = 0; l < 3; l++)
+        KVP_LIST_FOR_EACH(n, lists[l]) held += KVP_CONTAINER_OF(n, rq_t, node)->nblocks;
+    for (int64_t b = 0; b < e->bp.num_blocks; b++)
+        refs += e->bp.blocks[b].ref;
+    int64_t free_n = 0;
+    for (int64_t b = 0; b < e->bp.num_blocks; b++)
+        free_n += e->bp.blocks[b].ref == 0;
+    if (held != refs || free_n != e->bp.num_free)
+        kvp_error("replay: instance %u step %" PRIu64 ": %" PRId64 " block references, %" PRId64
+                  " held by requests; %" PRId64 " free, %" PRId64 " counted",
+                  e->p.index, e->stats.steps, refs, held, free_n, e->bp.num_free);
+}
+
 /* The next step's time (see kvp__eng_next_us). */
 static void plan_next(kvp__eng_t *e, double end, bool progressed)
 {
@@ -983,6 +1022,8 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
         rq_sync_view(q);
     }
     e->stats.steps++;
+    if (e->check)
+        check_refs(e);
     e->now_us = end;
     plan_next(e, end, progressed);
     return st;

@@ -127,6 +127,7 @@ struct kvp__eng {
     double unsettled_min_us;   /* INFINITY: none */
     uint64_t fills_done;
     kvp_hash_t none_hash;
+    bool check;                /* KVP_ENGINE_CHECK: the books after every step */
     kvp__arena_t scratch;      /* this step's views */
     /* step scratch */
     const char **finished_ids;
