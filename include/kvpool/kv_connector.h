@@ -166,7 +166,9 @@ typedef struct kvp_kv_config {
     uint64_t load_bytes_per_token; /* KV bytes of one token over all that this scheduler's
                                     * requests load (every rank, layer, group); 0 = unknown
                                     * (default): every hit is loaded */
-    double load_bytes_per_s;       /* initial load bandwidth estimate; 0 = unknown (default) */
+    double load_bytes_per_s;       /* initial load bandwidth estimate, of the same bytes (so
+                                    * that bytes / bandwidth is one token's load time);
+                                    * 0 = unknown (default) */
     double lookup_rtt_us;          /* modelled lookup round trip, default 100.0 */
 } kvp_kv_config_t;
 
