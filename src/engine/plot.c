@@ -219,7 +219,7 @@ static void fmt_tick(double v, char *buf, size_t len)
     v = fin(v);
     if (fabs(v) < 1e-12)
         v = 0.0;
-    snprintf(buf, len, "%g", v);
+    snprintf(buf, len, "%.10g", v); /* 1000000, not 1e+06 */
 }
 
 static void draw_time_axis(FILE *f, const panel_t *p, double t0, double span)

@@ -45,10 +45,11 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Nearest rank: the smallest value with at least q of the values at or
- * below it, i.e. sorted[ceil(q * n) - 1] (the first one for q = 0). */
+ * below it, i.e. sorted[ceil(q * n) - 1] (the first one for q = 0).  The
+ * 1e-9 keeps q * n = 198.00000000000003 (0.99 is not exact) at rank 198. */
 static double nearest_rank(const double *sorted, size_t n, double q)
 {
-    size_t rank = (size_t)ceil(q * (double)n);
+    size_t rank = (size_t)ceil(q * (double)n - 1e-9);
     if (rank < 1)
         rank = 1;
     if (rank > n)
@@ -86,12 +87,12 @@ kvp_status_t kvp__replay_ttft_percentiles(const kvp__replay_point_t *pts, size_t
 /* ---- the table ----
  *
  * One row per figure, one right-aligned column per run under its label.
- * The label column is 26 wide and a run column max(13, label) + 2, so three
- * runs ("pool", "pool (faster)", "no pool") fit in 26 + 3 * 15 = 71
+ * The label column is 26 wide and a run column max(14, label) + 2, so three
+ * runs ("pool", "pool (faster)", "no pool") fit in 26 + 3 * 16 = 74
  * columns, leaving room for the bound written after the hit-rate row. */
 
 #define TABLE_LABEL_W 26
-#define TABLE_CELL_MIN 13
+#define TABLE_CELL_MIN 14
 #define CELL_LEN 48
 
 typedef void (*cell_fn)(const kvp__replay_run_t *r, char *buf, size_t len);
@@ -203,7 +204,8 @@ static void cell_gbps(const kvp__replay_run_t *r, char *buf, size_t len)
     if (r->bytes_loaded + r->bytes_saved == 0)
         snprintf(buf, len, "-");
     else
-        snprintf(buf, len, "%.2f / %.2f", finite_or_0(r->measured_gbps),
+        snprintf(buf, len, "%.*f / %.*f", r->measured_gbps < 1000.0 ? 2 : 0,
+                 finite_or_0(r->measured_gbps), r->modelled_gbps < 1000.0 ? 2 : 0,
                  finite_or_0(r->modelled_gbps));
 }
 
