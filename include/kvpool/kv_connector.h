@@ -111,6 +111,22 @@ KVP_API kvp_status_t kvp_kv_resolve_block_sizes(const kvp_kv_cache_group_t *grou
                                                 const kvp_kv_block_params_t *params,
                                                 kvp_kv_block_sizes_t *out_p);
 
+/* Load or recompute (rule F1, kv_sched.c): whether the scheduler answers
+ * every pool hit with a load (ALWAYS: the original's decisions, exactly) or
+ * only a hit whose predicted load time is below the prefill time it replaces
+ * (FASTER; the costs are kvp_kv_config_t's load_* / prefill_us_per_token /
+ * lookup_rtt_us and the bandwidth of kvp_kv_sched_set_load_bandwidth). */
+typedef enum kvp_kv_load_policy {
+    KVP_KV_LOAD_ALWAYS = 0,
+    KVP_KV_LOAD_FASTER = 1,
+} kvp_kv_load_policy_t;
+
+/* Parses "always" / "faster". KVP_ERR_NULL_POINTER; KVP_ERR_BAD_CONFIG
+ * (logged) otherwise. */
+KVP_API kvp_status_t kvp_kv_load_policy_parse(const char *s, kvp_kv_load_policy_t *policy_p);
+/* "always" / "faster"; "unknown" for another value; never NULL. */
+KVP_API const char *kvp_kv_load_policy_name(kvp_kv_load_policy_t policy);
+
 /* Scheduler configuration.  Initialise with kvp_kv_config_init() (defaults of
  * §2.1, and size) and set what differs.
  * size: sizeof(kvp_kv_config_t) as the caller's header declares it.  New
@@ -141,6 +157,19 @@ typedef struct kvp_kv_config {
      * finishes; K13: the odd save carries the stored ids `()`, so there is
      * no block to write). */
     bool fix_k12_save_without_new_blocks;
+    /* Load or recompute (rule F1).  load_policy: default KVP_KV_LOAD_ALWAYS
+     * (a caller whose size stops before it gets ALWAYS).  The other four are
+     * read only with KVP_KV_LOAD_FASTER, where validate wants them finite,
+     * prefill_us_per_token > 0 and the rest >= 0. */
+    kvp_kv_load_policy_t load_policy;
+    double prefill_us_per_token;   /* modelled prefill cost of one token, default 40.0 */
+    uint64_t load_bytes_per_token; /* KV bytes of one token over all that this scheduler's
+                                    * requests load (every rank, layer, group); 0 = unknown
+                                    * (default): every hit is loaded */
+    double load_bytes_per_s;       /* initial load bandwidth estimate, of the same bytes (so
+                                    * that bytes / bandwidth is one token's load time);
+                                    * 0 = unknown (default) */
+    double lookup_rtt_us;          /* modelled lookup round trip, default 100.0 */
 } kvp_kv_config_t;
 
 /* Fills the defaults into the first `size` bytes of cfg (which it never
@@ -376,7 +405,9 @@ KVP_API void kvp_kv_sched_destroy(kvp_kv_sched_t *sched);
 KVP_API kvp_kv_err_kind_t kvp_kv_sched_last_error(const kvp_kv_sched_t *sched, const char **msg_p);
 
 /*
- * get_num_new_matched_tokens (K1–K5).  [out] num_p: tokens to load from the
+ * get_num_new_matched_tokens (K1–K5, and F1 with KVP_KV_LOAD_FASTER: a hit
+ * whose load is predicted no faster than recomputing it answers (0, false)
+ * and writes no LoadSpec, as K4).  [out] num_p: tokens to load from the
  * pool, or -1 for "not known yet" (async lookup in flight: ask again on a
  * later step); [out] load_async_p: whether the load is asynchronous.
  * Returns KVP_OK or KVP_ERR_NULL_POINTER / KVP_ERR_NO_MEMORY.
@@ -429,12 +460,24 @@ KVP_API kvp_status_t kvp_kv_sched_reset_store(kvp_kv_sched_t *sched, bool *ok_p)
  * spec, then reset_store.  The caller must have drained in-flight work. */
 KVP_API kvp_status_t kvp_kv_sched_reset_cache(kvp_kv_sched_t *sched, bool *ok_p);
 
+/*
+ * The load bandwidth the worker measured recently, in bytes/s (rule F1; the
+ * replay passes its modelled link).  It replaces the config's
+ * load_bytes_per_s from the next get_num_new_matched_tokens on; 0 = unknown
+ * (every hit is loaded).  Read only with KVP_KV_LOAD_FASTER.  Returns KVP_OK,
+ * KVP_ERR_NULL_POINTER, KVP_ERR_INVALID_ARG (negative or not finite; the
+ * bandwidth in use is kept).
+ */
+KVP_API kvp_status_t kvp_kv_sched_set_load_bandwidth(kvp_kv_sched_t *sched, double bytes_per_s);
+
 /* Introspection (tests, stats). */
 typedef struct kvp_kv_sched_stats {
     size_t num_load_specs;
     size_t num_trackers;
     size_t num_unfinished;     /* _unfinished_requests */
     size_t num_unfinished_ids; /* _unfinished_request_ids */
+    uint64_t loads_declined;   /* F1: hits answered (0, false) because recomputing is faster */
+    uint64_t tokens_declined;  /* F1: the tokens of those hits (need = hit - num_computed) */
 } kvp_kv_sched_stats_t;
 KVP_API void kvp_kv_sched_stats(const kvp_kv_sched_t *sched, kvp_kv_sched_stats_t *stats_p);
 

@@ -462,6 +462,46 @@ static int cfg_int32(PyObject *d, const char *k, int32_t *out)
     return 0;
 }
 
+static int cfg_double(PyObject *d, const char *k, double *out)
+{
+    PyObject *v = PyDict_GetItemString(d, k);
+    if (!v)
+        return 0;
+    double x = PyFloat_AsDouble(v);
+    if (x == -1.0 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* load_policy and its costs (rule F1; the C validate checks the values). */
+static int cfg_load_policy(PyObject *d, kvp_kv_config_t *cfg)
+{
+    PyObject *pol = PyDict_GetItemString(d, "load_policy");
+    if (pol) {
+        const char *p = PyUnicode_AsUTF8(pol);
+        if (!p)
+            return -1;
+        if (kvp_kv_load_policy_parse(p, &cfg->load_policy) != KVP_OK) {
+            PyErr_Format(PyExc_ValueError, "load_policy %R: always or faster", pol);
+            return -1;
+        }
+    }
+    int64_t bpt = (int64_t)cfg->load_bytes_per_token;
+    if (cfg_int(d, "load_bytes_per_token", &bpt) < 0)
+        return -1;
+    if (bpt < 0) {
+        PyErr_SetString(PyExc_ValueError, "load_bytes_per_token must be >= 0");
+        return -1;
+    }
+    cfg->load_bytes_per_token = (uint64_t)bpt;
+    return cfg_double(d, "prefill_us_per_token", &cfg->prefill_us_per_token) < 0 ||
+                   cfg_double(d, "load_bytes_per_s", &cfg->load_bytes_per_s) < 0 ||
+                   cfg_double(d, "lookup_rtt_us", &cfg->lookup_rtt_us) < 0
+               ? -1
+               : 0;
+}
+
 static int Sched_init(Sched *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"config", "client_address", "keep", "store_groups", "token_ids", NULL};
@@ -508,7 +548,7 @@ static int Sched_init(Sched *self, PyObject *args, PyObject *kw)
         cfg_int32(cfgd, "tp_size", &cfg.tp_size) < 0 || cfg_int32(cfgd, "pp_size", &cfg.pp_size) < 0 ||
         cfg_int32(cfgd, "pcp_size", &cfg.pcp_size) < 0 ||
         cfg_int32(cfgd, "dcp_size", &cfg.dcp_size) < 0 ||
-        cfg_int32(cfgd, "num_kv_heads", &cfg.num_kv_heads) < 0)
+        cfg_int32(cfgd, "num_kv_heads", &cfg.num_kv_heads) < 0 || cfg_load_policy(cfgd, &cfg) < 0)
         return -1;
     cfg.use_mla = use_mla;
     if (groups != Py_None) {
@@ -887,10 +927,26 @@ static PyObject *Sched_stats(Sched *self, PyObject *noargs)
     NEED_SCHED(self);
     kvp_kv_sched_stats_t s;
     kvp_kv_sched_stats(self->sched, &s);
-    return Py_BuildValue("{snsnsnsnsn}", "load_specs", (Py_ssize_t)s.num_load_specs, "trackers",
-                         (Py_ssize_t)s.num_trackers, "unfinished", (Py_ssize_t)s.num_unfinished,
-                         "unfinished_ids", (Py_ssize_t)s.num_unfinished_ids, "views",
-                         PyDict_GET_SIZE(self->views));
+    return Py_BuildValue("{snsnsnsnsnsKsK}", "load_specs", (Py_ssize_t)s.num_load_specs,
+                         "trackers", (Py_ssize_t)s.num_trackers, "unfinished",
+                         (Py_ssize_t)s.num_unfinished, "unfinished_ids",
+                         (Py_ssize_t)s.num_unfinished_ids, "views", PyDict_GET_SIZE(self->views),
+                         "loads_declined", (unsigned long long)s.loads_declined,
+                         "tokens_declined", (unsigned long long)s.tokens_declined);
+}
+
+static PyObject *Sched_set_load_bandwidth(Sched *self, PyObject *args)
+{
+    double bw;
+    if (!PyArg_ParseTuple(args, "d", &bw))
+        return NULL;
+    NEED_SCHED(self);
+    if (kvp_kv_sched_set_load_bandwidth(self->sched, bw) != KVP_OK) {
+        PyErr_Format(PyExc_ValueError, "load bandwidth %R: a finite number of bytes/s >= 0",
+                     PyTuple_GET_ITEM(args, 0));
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *Sched_load_spec(Sched *self, PyObject *args)
@@ -919,6 +975,8 @@ static PyMethodDef Sched_methods[] = {
     {"reset_store", (PyCFunction)Sched_reset_store, METH_NOARGS,
      "() -> bool (ACK); load specs stay (the original's reset_store)"},
     {"stats", (PyCFunction)Sched_stats, METH_NOARGS, "() -> dict"},
+    {"set_load_bandwidth", (PyCFunction)Sched_set_load_bandwidth, METH_VARARGS,
+     "(bytes_per_s): the measured load bandwidth (load_policy faster; 0 = unknown)"},
     {"load_spec", (PyCFunction)Sched_load_spec, METH_VARARGS,
      "(request_id) -> (vllm_cached, kvpool_cached, can_load) | None"},
     {NULL, NULL, 0, NULL},

@@ -33,7 +33,10 @@ _ext = _lib.load_ext("_kvsched")
 CONFIG_KEYS = ("kv_role", "load_async", "lookup_async", "enable_lookup", "block_size",
                "hash_block_size", "partial_hits", "model_name", "cache_prefix", "tp_size",
                "pp_size", "pcp_size", "dcp_size", "num_kv_heads", "use_mla",
-               "fix_k12_save_without_new_blocks")
+               "fix_k12_save_without_new_blocks",
+               # load or recompute (rule F1): "always" (default) or "faster", and its costs
+               "load_policy", "prefill_us_per_token", "load_bytes_per_token", "load_bytes_per_s",
+               "lookup_rtt_us")
 
 
 class Scheduler:
@@ -69,10 +72,14 @@ class Scheduler:
         self.request_finished = self._s.request_finished
         self.reset_cache = self._s.reset_cache
         self.load_spec = self._s.load_spec
+        # load_policy="faster": the load bandwidth measured recently (bytes/s)
+        self.set_load_bandwidth = self._s.set_load_bandwidth
 
     def stats(self):
         """load_specs, trackers, unfinished, unfinished_ids (the C
-        scheduler's tables) and views (request views held)."""
+        scheduler's tables), views (request views held), and
+        loads_declined, tokens_declined (load_policy="faster": hits
+        recomputed because loading them was predicted no faster)."""
         return self._s.stats()
 
     def close(self):
@@ -80,7 +87,8 @@ class Scheduler:
         if self._s is None:
             return
         for name in ("get_num_new_matched_tokens", "update_state_after_alloc",
-                     "build_connector_meta", "request_finished", "reset_cache", "load_spec"):
+                     "build_connector_meta", "request_finished", "reset_cache", "load_spec",
+                     "set_load_bandwidth"):
             self.__dict__.pop(name, None)
         self._s = None  # the extension object (and the C scheduler) go here
         if self._lookup is not None:

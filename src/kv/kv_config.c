@@ -6,10 +6,20 @@
  */
 #include "kv/kv_config.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/sized.h"
+
+/* The index of s in names[0..n), or -1. */
+static int name_index(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
 
 static const char *const g_roles[] = {"kv_producer", "kv_consumer", "kv_both"};
 
@@ -17,18 +27,38 @@ kvp_status_t kvp_kv_role_parse(const char *s, kvp_kv_role_t *role_p)
 {
     if (!s || !role_p)
         return KVP_ERR_NULL_POINTER;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(s, g_roles[i]) == 0) {
-            *role_p = (kvp_kv_role_t)i;
-            return KVP_OK;
-        }
-    kvp_error("kv connector: unknown kv_role '%s'", s);
-    return KVP_ERR_BAD_CONFIG;
+    int i = name_index(g_roles, 3, s);
+    if (i < 0) {
+        kvp_error("kv connector: unknown kv_role '%s'", s);
+        return KVP_ERR_BAD_CONFIG;
+    }
+    *role_p = (kvp_kv_role_t)i;
+    return KVP_OK;
 }
 
 const char *kvp_kv_role_name(kvp_kv_role_t role)
 {
     return (unsigned)role < 3 ? g_roles[role] : "unknown";
+}
+
+static const char *const g_load_policies[] = {"always", "faster"};
+
+kvp_status_t kvp_kv_load_policy_parse(const char *s, kvp_kv_load_policy_t *policy_p)
+{
+    if (!s || !policy_p)
+        return KVP_ERR_NULL_POINTER;
+    int i = name_index(g_load_policies, 2, s);
+    if (i < 0) {
+        kvp_error("kv connector: unknown load_policy '%s' (always or faster)", s);
+        return KVP_ERR_BAD_CONFIG;
+    }
+    *policy_p = (kvp_kv_load_policy_t)i;
+    return KVP_OK;
+}
+
+const char *kvp_kv_load_policy_name(kvp_kv_load_policy_t policy)
+{
+    return (unsigned)policy < 2 ? g_load_policies[policy] : "unknown";
 }
 
 void kvp_kv_config_init_size(kvp_kv_config_t *cfg, size_t size)
@@ -45,6 +75,11 @@ void kvp_kv_config_init_size(kvp_kv_config_t *cfg, size_t size)
     d.partial_hits = false;
     d.tp_size = d.pp_size = d.pcp_size = d.dcp_size = 1;
     d.num_kv_heads = 1;
+    d.load_policy = KVP_KV_LOAD_ALWAYS;
+    d.prefill_us_per_token = 40.0;
+    d.load_bytes_per_token = 0;
+    d.load_bytes_per_s = 0.0;
+    d.lookup_rtt_us = 100.0;
     /* a newer caller (size > sizeof d): its extra fields untouched, and the
      * size kept, so that every call refuses the config (KVP_ERR_VERSION) */
     memcpy(cfg, &d, size < sizeof d ? size : sizeof d);
@@ -88,6 +123,20 @@ kvp_status_t kvp_kv_config_validate(const kvp_kv_config_t *in)
     if (cfg->tp_size < 1 || cfg->pp_size < 1 || cfg->pcp_size < 1 || cfg->dcp_size < 1 ||
         cfg->num_kv_heads < 1) {
         kvp_error("kv connector: parallel sizes and num_kv_heads must be >= 1");
+        return KVP_ERR_BAD_CONFIG;
+    }
+    if ((unsigned)cfg->load_policy > KVP_KV_LOAD_FASTER) {
+        kvp_error("kv connector: bad load_policy %d", (int)cfg->load_policy);
+        return KVP_ERR_BAD_CONFIG;
+    }
+    /* The costs are read only by F1 (kv_sched.c), so only FASTER checks them. */
+    if (cfg->load_policy == KVP_KV_LOAD_FASTER &&
+        (!(isfinite(cfg->prefill_us_per_token) && cfg->prefill_us_per_token > 0) ||
+         !(isfinite(cfg->load_bytes_per_s) && cfg->load_bytes_per_s >= 0) ||
+         !(isfinite(cfg->lookup_rtt_us) && cfg->lookup_rtt_us >= 0))) {
+        kvp_error("kv connector: load_policy faster needs a finite prefill_us_per_token > 0 "
+                  "(%g) and finite load_bytes_per_s (%g), lookup_rtt_us (%g) >= 0",
+                  cfg->prefill_us_per_token, cfg->load_bytes_per_s, cfg->lookup_rtt_us);
         return KVP_ERR_BAD_CONFIG;
     }
     return KVP_OK;

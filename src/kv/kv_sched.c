@@ -10,6 +10,7 @@
  * check then logs one line, records which exception the original raises
  * (kvp_kv_sched_last_error) and returns an error status.  No input aborts.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -203,6 +204,7 @@ kvp_status_t kvp_kv_sched_create(const kvp_kv_config_t *cfg, kvp_kv_lookup_clien
     s->cfg.cache_prefix = s->cache_prefix;
     s->client = client;
     s->align = cfg->partial_hits ? cfg->hash_block_size : cfg->block_size;
+    s->load_bw = cfg->load_bytes_per_s;
     kvp__strmap_init(&s->map);
     kvp__list_init(&s->unf);
     *sched_p = s;
@@ -237,6 +239,63 @@ void kvp_kv_sched_destroy(kvp_kv_sched_t *s)
 
 /* ---- K1–K5: get_num_new_matched_tokens ---------------------------------- */
 
+/*
+ * F1, load or recompute (load_policy faster; not in the original).
+ *
+ * A pool hit of `need` tokens beyond what the engine already has can be
+ * loaded or recomputed.  Loading k of them (the first k: a load extends the
+ * engine's prefix, it cannot skip a part) costs, in this model,
+ *     load(k) = rtt + k * b / B        (k > 0; load(0) = 0)
+ * with rtt the lookup round trip (lookup_rtt_us), b the bytes of one token
+ * (load_bytes_per_token, every rank and layer the load moves) and B the
+ * bandwidth the worker measured recently (kvp_kv_sched_set_load_bandwidth,
+ * else the config's load_bytes_per_s), and recomputing the other need - k
+ * costs (need - k) * p, p = prefill_us_per_token.  The time to the first
+ * token of this request is then, for k > 0,
+ *     T(k) = rtt + need * p + k * (b / B - p),   T(0) = need * p,
+ * linear in k past the round trip: its minimum over 0..need is at an end.
+ * If b / B >= p no k > 0 beats T(0); otherwise T(need) = rtt + need * b / B
+ * is the least of the k > 0, to be compared with T(0) = need * p.  So "the
+ * part of the prefix worth loading" is all of it or none, and the rule is:
+ *     load the whole hit iff rtt + need * b / B < need * p.
+ * A tie recomputes: the same predicted time, and the link and the pool, which
+ * other instances share, are left to them.  The all-or-nothing answer also
+ * keeps K7's contract: a load answers exactly need = kvpool_cached -
+ * vllm_cached, the LoadSpec's two ends.
+ *
+ * rtt stands for the load's fixed cost (the replay models an I/O as its
+ * bytes over the link plus one lookup round trip): it is what makes a small
+ * hit not worth loading.  When b or B is unknown (0) there is nothing to
+ * predict with, and the hit is loaded, as ALWAYS.  Prefill in a real engine
+ * costs more per token deeper in the context (attention), so a linear p
+ * undercounts recomputing a long prefix: if the model is wrong there, it
+ * errs towards recomputing.
+ *
+ * A declined hit is answered as K4's need <= 0: (0, false), no LoadSpec
+ * written and an old one not cleared, and is counted (loads_declined,
+ * tokens_declined).  ALWAYS never reaches here: its decisions stay exactly
+ * the original's.
+ */
+static bool f1_recompute_is_faster(const kvp_kv_sched_t *s, int64_t need)
+{
+    double b = (double)s->cfg.load_bytes_per_token, bw = s->load_bw;
+    if (b <= 0 || bw <= 0)
+        return false; /* unknown: load */
+    double load_us = s->cfg.lookup_rtt_us + (double)need * b / bw * 1e6;
+    double recompute_us = (double)need * s->cfg.prefill_us_per_token;
+    return load_us >= recompute_us;
+}
+
+kvp_status_t kvp_kv_sched_set_load_bandwidth(kvp_kv_sched_t *s, double bytes_per_s)
+{
+    if (!s)
+        return KVP_ERR_NULL_POINTER;
+    if (!isfinite(bytes_per_s) || bytes_per_s < 0)
+        return KVP_ERR_INVALID_ARG;
+    s->load_bw = bytes_per_s;
+    return KVP_OK;
+}
+
 kvp_status_t kvp_kv_sched_get_num_new_matched_tokens(kvp_kv_sched_t *s, const kvp_kv_request_t *req,
                                                      int64_t num_computed, int64_t *num_p,
                                                      bool *load_async_p)
@@ -268,6 +327,12 @@ kvp_status_t kvp_kv_sched_get_num_new_matched_tokens(kvp_kv_sched_t *s, const kv
         return KVP_OK;
     if (need > INT64_MAX)
         return fail(s, KVP_ERR_INVALID_ARG, KVP_KV_ERR_OTHER, "hit length out of range");
+    /* F1 (see above): with FASTER, a load no faster than recomputing is K4's (0, false) */
+    if (s->cfg.load_policy == KVP_KV_LOAD_FASTER && f1_recompute_is_faster(s, (int64_t)need)) {
+        s->loads_declined++;
+        s->tokens_declined += (uint64_t)need;
+        return KVP_OK;
+    }
     /* K5 */
     kvp__kv_rec_t *r = rec_get_or_add(s, req->req_id);
     if (!r)
@@ -776,6 +841,8 @@ void kvp_kv_sched_stats(const kvp_kv_sched_t *s, kvp_kv_sched_stats_t *st)
     st->num_trackers = s->num_trackers;
     st->num_unfinished = s->num_unf;
     st->num_unfinished_ids = s->num_uids;
+    st->loads_declined = s->loads_declined;
+    st->tokens_declined = s->tokens_declined;
 }
 
 kvp_status_t kvp_kv_sched_tracker(const kvp_kv_sched_t *s, const char *req_id,

@@ -109,6 +109,10 @@ struct kvp_kv_sched {
     bool *tail_used;
     size_t tail_used_cap;
     kvp__kv_metabuf_t mb;
+    /* F1 (load_policy faster): the bandwidth in use (bytes/s, 0 = unknown),
+     * the config's until kvp_kv_sched_set_load_bandwidth; the declines */
+    double load_bw;
+    uint64_t loads_declined, tokens_declined;
     kvp_kv_err_kind_t err_kind;
     char err_msg[256];
 };

@@ -1,5 +1,6 @@
 """KvpoolConnector's checks that need no engine: kv_connector_extra_config
-parsing (defaults, wrong types, unknown keys), the vLLM version guard, the
+parsing (defaults, wrong types, unknown keys), load_policy through the
+scheduler's config, the vLLM version guard, the
 metadata's pickling (multi-process mode ships it), the stats class."""
 import importlib
 import logging
@@ -46,6 +47,72 @@ class TestExtraConfig(unittest.TestCase):
             kc.parse_extra_config({"mooncake_protocol": "tcp"})
         self.assertEqual(len(cm.records), 1)
         self.assertIn("mooncake_protocol", cm.output[0])
+
+
+class TestLoadPolicy(unittest.TestCase):
+    """load_policy (rule F1, kv_sched.c): the extra-config keys, and their way
+    into the C scheduler through kvpool.sched.Scheduler's config mapping."""
+
+    def test_keys_taken_and_checked(self):
+        c = kc.parse_extra_config({})
+        self.assertEqual((c["load_policy"], c["prefill_us_per_token"], c["lookup_rtt_us"]),
+                         (None, None, None))  # None: the C defaults (always, 40 us, 100 us)
+        c = kc.parse_extra_config({"load_policy": "faster", "prefill_us_per_token": 25,
+                                   "lookup_rtt_us": 50.5, "load_bytes_per_token": 131072,
+                                   "load_bytes_per_s": 25e9})
+        self.assertEqual((c["load_policy"], c["prefill_us_per_token"], c["lookup_rtt_us"],
+                          c["load_bytes_per_token"], c["load_bytes_per_s"]),
+                         ("faster", 25, 50.5, 131072, 25e9))
+        for bad, key in (({"load_policy": "sometimes"}, "load_policy"),
+                         ({"load_policy": 1}, "load_policy"),
+                         ({"prefill_us_per_token": "40"}, "prefill_us_per_token"),
+                         ({"lookup_rtt_us": -1.0}, "lookup_rtt_us"),
+                         ({"load_bytes_per_s": float("nan")}, "load_bytes_per_s"),
+                         ({"prefill_us_per_token": float("inf")}, "prefill_us_per_token"),
+                         ({"load_bytes_per_token": -1}, "load_bytes_per_token")):
+            with self.assertRaises(ValueError) as cm:
+                kc.parse_extra_config(bad)
+            self.assertIn(key, str(cm.exception))
+
+    def test_f1_through_the_scheduler(self):
+        from kvpool import kv
+        from kvpool.sched import Scheduler
+
+        class Req:  # the attributes of vLLM's Request the extension reads
+            def __init__(self, rid):
+                self.request_id, self.num_computed_tokens = rid, 0
+                self.all_token_ids = list(range(100))
+                self.num_tokens = len(self.all_token_ids)
+                self.block_hashes = [bytes([i]) * 32 for i in range(6)]
+
+        lookup = kv.CallbackLookup(lambda rid, n, hashes, non_block: 64)
+        slow = dict(load_bytes_per_token=131072, load_bytes_per_s=1e9)  # 131 us/token > 40
+        s = Scheduler(lookup, **slow)  # always: loads whatever it costs
+        self.assertEqual(s.get_num_new_matched_tokens(Req("a"), 0), (64, True))
+        self.assertEqual(s.stats()["loads_declined"], 0)
+        s.close()
+        s = Scheduler(lookup, load_policy="faster", **slow)
+        self.assertEqual(s.get_num_new_matched_tokens(Req("b"), 0), (0, False))
+        self.assertIsNone(s.load_spec("b"))
+        self.assertEqual((s.stats()["loads_declined"], s.stats()["tokens_declined"]), (1, 64))
+        s.set_load_bandwidth(50e9)  # 2.6 us/token: the load wins
+        self.assertEqual(s.get_num_new_matched_tokens(Req("c"), 0), (64, True))
+        with self.assertRaises(ValueError):
+            s.set_load_bandwidth(-1.0)
+        s.close()
+        # the costs reach the C config: a prefill dearer than the slow link loads
+        s = Scheduler(lookup, load_policy="faster", prefill_us_per_token=200.0, **slow)
+        self.assertEqual(s.get_num_new_matched_tokens(Req("d"), 0), (64, True))
+        s.close()
+        # and a round trip dearer than the whole prefill declines even a fast load
+        s = Scheduler(lookup, load_policy="faster", lookup_rtt_us=1e4,
+                      load_bytes_per_token=131072, load_bytes_per_s=50e9)
+        self.assertEqual(s.get_num_new_matched_tokens(Req("e"), 0), (0, False))
+        s.close()
+        with self.assertRaises(ValueError):  # the C validate: faster needs a prefill cost > 0
+            Scheduler(lookup, load_policy="faster", prefill_us_per_token=0.0)
+        with self.assertRaises(ValueError):
+            Scheduler(lookup, load_policy="sometimes")
 
 
 class TestVersionGuard(unittest.TestCase):

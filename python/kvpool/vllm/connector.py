@@ -27,6 +27,17 @@ kv_connector_extra_config keys (all optional):
   max_save_bytes  default 1 GiB: block bytes queued for saving; beyond,
                   saves are dropped (counted).
   pool_timeout_ms default 0 (the pool's own): per pool call.
+  load_policy     "always" (default): every pool hit is loaded, as the seed
+                  does.  "faster": a hit is loaded only when its predicted
+                  load time (lookup_rtt_us + its bytes at load_bytes_per_s)
+                  is below the prefill time it replaces (prefill_us_per_token
+                  per token); otherwise it is recomputed (rule F1,
+                  kv_sched.c).  The prediction needs load_bytes_per_token
+                  and load_bytes_per_s: without either every hit is loaded.
+  prefill_us_per_token  default 40.0: modelled prefill cost of one token.
+  lookup_rtt_us   default 100.0: modelled fixed cost of a load.
+  load_bytes_per_token  default 0 (unknown): KV bytes of one token a load moves.
+  load_bytes_per_s      default 0 (unknown): the load bandwidth.
 
 Quirk switches.  The C scheduler decides as the seed scheduler (vLLM 0.27's
 MooncakeStoreScheduler) does, except for fix_k12_save_without_new_blocks,
@@ -64,7 +75,15 @@ EXTRA_KEYS = {  # key -> (type, default)
     "drain_timeout_s": (float, 30.0),
     "max_save_bytes": (int, None),
     "pool_timeout_ms": (int, 0),
+    # load or recompute (rule F1); None: the C scheduler's defaults
+    "load_policy": (str, None),
+    "prefill_us_per_token": (float, None),
+    "lookup_rtt_us": (float, None),
+    "load_bytes_per_token": (int, None),
+    "load_bytes_per_s": (float, None),
 }
+LOAD_POLICIES = ("always", "faster")
+COST_KEYS = ("prefill_us_per_token", "lookup_rtt_us", "load_bytes_per_s")
 # The seed's K12 switch that vLLM 0.32's early block allocation needs.
 QUIRK_FIXES = {"fix_k12_save_without_new_blocks": True}
 FALLBACK_POOL = "embedded://?capacity=64MiB"
@@ -102,6 +121,13 @@ def parse_extra_config(extra):
                 raise ValueError("KvpoolConnector: kv_connector_extra_config[%r] must be >= 0, "
                                  "got %r" % (key, v))
         out[key] = v
+    if out["load_policy"] is not None and out["load_policy"] not in LOAD_POLICIES:
+        raise ValueError("KvpoolConnector: kv_connector_extra_config['load_policy'] must be one "
+                         "of %s, got %r" % (", ".join(LOAD_POLICIES), out["load_policy"]))
+    for key in COST_KEYS:
+        if out[key] is not None and not 0 <= out[key] < float("inf"):
+            raise ValueError("KvpoolConnector: kv_connector_extra_config[%r] must be a finite "
+                             "number >= 0, got %r" % (key, out[key]))
     unknown = sorted(set(extra) - set(EXTRA_KEYS))
     if unknown:
         _warn_once(("unknown",) + tuple(unknown), "KvpoolConnector: ignoring unknown "
@@ -291,7 +317,9 @@ class KvpoolConnector(KVConnectorBase_V1, SupportsHMA):
             hash_block_size=s["hash_block_size"], partial_hits=s["partial_hits"],
             model_name=s["model_name"], cache_prefix=c["cache_prefix"], tp_size=s["tp_size"],
             pp_size=s["pp_size"], pcp_size=s["pcp_size"], dcp_size=s["dcp_size"],
-            num_kv_heads=s["num_kv_heads"], use_mla=s["use_mla"], **QUIRK_FIXES)
+            num_kv_heads=s["num_kv_heads"], use_mla=s["use_mla"],
+            **{k: c[k] for k in ("load_policy", "load_bytes_per_token") + COST_KEYS},
+            **QUIRK_FIXES)
         h = self._sched
         self.get_num_new_matched_tokens = h.get_num_new_matched_tokens
         self._build = h.build_connector_meta
