@@ -74,14 +74,14 @@ static const unsigned g_moves[] = {
     [RQ_DONE] = 0,
 };
 
-static void rq_set_state(rq_t *q, rq_state_t to)
+void kvp__rq_set_state(rq_t *q, rq_state_t to)
 {
     if (!(g_moves[q->state] & 1u << to))
         kvp_error("replay: %s: state %d -> %d is not a move", q->id, q->state, to);
     q->state = to;
 }
 
-static void rq_sync_view(rq_t *q)
+void kvp__rq_sync_view(rq_t *q)
 {
     q->view.num_tokens = q->num_tokens;
     q->view.num_computed_tokens = q->num_computed;
@@ -92,7 +92,7 @@ static void rq_sync_view(rq_t *q)
     q->view.hash_len = KVP__ENG_HASH_LEN;
 }
 
-static void rq_release(kvp__eng_t *e, rq_t *q)
+void kvp__rq_release(kvp__eng_t *e, rq_t *q)
 {
     kvp__strmap_del(&e->by_id, q->id, strlen(q->id));
     kvp__eng_req_t *r = q->r;
@@ -103,7 +103,7 @@ static void rq_release(kvp__eng_t *e, rq_t *q)
     kvp__free(q, sizeof *q);
 }
 
-static bool rq_grow_blocks(rq_t *q, int64_t n)
+bool kvp__rq_grow_blocks(rq_t *q, int64_t n)
 {
     size_t cap = (size_t)q->cap_blocks;
     if (kvp__grow_in((void **)&q->blocks, &cap, (size_t)n, sizeof *q->blocks, 16))
@@ -113,13 +113,13 @@ static bool rq_grow_blocks(rq_t *q, int64_t n)
 }
 
 /* Appends n fresh blocks (KVP_ERR_NO_SPACE: none taken). */
-static kvp_status_t rq_alloc(kvp__eng_t *e, rq_t *q, int64_t n)
+kvp_status_t kvp__rq_alloc(kvp__eng_t *e, rq_t *q, int64_t n)
 {
     if (n <= 0)
         return KVP_OK;
     if (n > e->bp.num_free)
         return KVP_ERR_NO_SPACE;
-    if (!rq_grow_blocks(q, q->nblocks + n))
+    if (!kvp__rq_grow_blocks(q, q->nblocks + n))
         return KVP_ERR_NO_MEMORY;
     kvp_status_t st = kvp__bp_alloc(&e->bp, n, q->blocks + q->nblocks);
     if (st == KVP_OK)
@@ -127,14 +127,14 @@ static kvp_status_t rq_alloc(kvp__eng_t *e, rq_t *q, int64_t n)
     return st;
 }
 
-static void rq_free_blocks(kvp__eng_t *e, rq_t *q)
+void kvp__rq_free_blocks(kvp__eng_t *e, rq_t *q)
 {
     kvp__bp_free(&e->bp, q->blocks, q->nblocks);
     q->nblocks = q->cached_blocks = 0;
 }
 
 /* Registers q's computed full blocks in the local prefix cache. */
-static void rq_cache(kvp__eng_t *e, rq_t *q)
+void kvp__rq_cache(kvp__eng_t *e, rq_t *q)
 {
     int64_t full = q->num_computed / e->p.block_size;
     if (full > q->num_hashes)
@@ -144,6 +144,14 @@ static void rq_cache(kvp__eng_t *e, rq_t *q)
     for (; q->cached_blocks < full; q->cached_blocks++)
         kvp__bp_cache(&e->bp, q->blocks[q->cached_blocks],
                       q->r->hashes + q->cached_blocks * KVP__ENG_HASH_LEN);
+}
+
+bool kvp__eng_push(void ***arr, size_t *n, size_t *cap, void *v)
+{
+    if (kvp__grow_in((void **)arr, cap, *n + 1, sizeof **arr, 16))
+        return false;
+    (*arr)[(*n)++] = v;
+    return true;
 }
 
 /* ---- life ------------------------------------------------------------- */
@@ -188,13 +196,11 @@ kvp_status_t kvp__eng_create(const kvp__eng_params_t *p, kvp__eng_t **eng_p)
             cfg.tp_size = (int32_t)p->tp;
             cfg.num_kv_heads = (int32_t)p->model->kv_heads;
             cfg.fix_k12_save_without_new_blocks = true; /* as the vLLM connector runs it */
-#ifdef KVP_KV_LOAD_FASTER_AVAILABLE
             cfg.load_policy = (kvp_kv_load_policy_t)p->load_policy;
             cfg.prefill_us_per_token = p->prefill_us_per_token;
             cfg.load_bytes_per_token = e->token_bytes;
             cfg.load_bytes_per_s = p->link_bytes_per_us * 1e6;
             cfg.lookup_rtt_us = p->lookup_rtt_us;
-#endif
             e->filter = kvp__eng_filter_client(e);
             st = kvp_kv_sched_create(&cfg, e->filter, &e->sched);
         }
@@ -212,7 +218,7 @@ static void release_list(kvp__eng_t *e, kvp__list_t *l)
     KVP_LIST_FOR_EACH_SAFE(n, tmp, l) {
         rq_t *q = KVP_CONTAINER_OF(n, rq_t, node);
         kvp__list_del(&q->node);
-        rq_release(e, q);
+        kvp__rq_release(e, q);
     }
 }
 
@@ -224,7 +230,7 @@ void kvp__eng_destroy(kvp__eng_t *e)
     kvp__eng_ranks_stop(e);
     for (size_t i = 0; i < e->num_done_rqs; i++)
         if (e->done_rqs[i]->state == RQ_DONE)
-            rq_release(e, e->done_rqs[i]);
+            kvp__rq_release(e, e->done_rqs[i]);
     release_list(e, &e->waiting);
     release_list(e, &e->running);
     release_list(e, &e->finishing);
@@ -428,17 +434,17 @@ static kvp_status_t take_events(kvp__eng_t *e, double t)
         }
         q->count_pool = false;
         q->rollback = INT64_MAX;
-        rq_cache(e, q);
-        rq_set_state(q, RQ_WAITING);
+        kvp__rq_cache(e, q);
+        kvp__rq_set_state(q, RQ_WAITING);
     }
     KVP_LIST_FOR_EACH_SAFE(n, tmp, &e->finishing) {
         rq_t *q = KVP_CONTAINER_OF(n, rq_t, node);
         if (q->send_count < e->p.tp || q->save_done_us > t)
             continue;
         kvp__list_del(&q->node);
-        rq_free_blocks(e, q);
-        rq_set_state(q, RQ_DONE);
-        rq_release(e, q);
+        kvp__rq_free_blocks(e, q);
+        kvp__rq_set_state(q, RQ_DONE);
+        kvp__rq_release(e, q);
     }
     while (e->arr_head && e->arr_head->arrival_us <= t) {
         kvp__eng_req_t *r = e->arr_head;
@@ -454,243 +460,12 @@ static kvp_status_t take_events(kvp__eng_t *e, double t)
         q->num_hashes = r->prompt_len / bs;
         q->rollback = INT64_MAX;
         q->view.req_id = q->id;
-        rq_sync_view(q);
+        kvp__rq_sync_view(q);
         if (kvp__strmap_put(&e->by_id, q->id, strlen(q->id), q) != KVP_OK) {
             kvp__free(q, sizeof *q);
             return KVP_ERR_NO_MEMORY;
         }
         kvp__list_add_tail(&e->waiting, &q->node);
-    }
-    return KVP_OK;
-}
-
-typedef struct step {
-    int64_t budget;
-    bool preempted_any;
-    rq_t **sched;             /* scheduled this step, in order */
-    size_t nsched, cap_sched;
-    const char **preempted;
-    size_t npreempted, cap_preempted;
-    rq_t **sync;              /* sync loads this step */
-    size_t nsync, cap_sync;
-    int64_t prefill_tokens, decode_tokens;
-} step_t;
-
-static bool push(void ***arr, size_t *n, size_t *cap, void *v)
-{
-    if (kvp__grow_in((void **)arr, cap, *n + 1, sizeof **arr, 16))
-        return false;
-    (*arr)[(*n)++] = v;
-    return true;
-}
-
-static size_t running_count(const kvp__eng_t *e)
-{
-    size_t n = 0;
-    KVP_LIST_FOR_EACH(x, &e->running) n++;
-    return n;
-}
-
-static kvp_status_t preempt(kvp__eng_t *e, step_t *s, rq_t *q)
-{
-    kvp__list_del(&q->node);
-    rq_free_blocks(e, q);
-    q->num_computed = 0;
-    q->resumed = true;
-    q->scheduled = 0;
-    rq_set_state(q, RQ_WAITING);
-    kvp__list_add_head(&e->waiting, &q->node);
-    rq_sync_view(q);
-    e->stats.preemptions++;
-    s->preempted_any = true;
-    return push((void ***)&s->preempted, &s->npreempted, &s->cap_preempted, (void *)q->id)
-               ? KVP_OK
-               : KVP_ERR_NO_MEMORY;
-}
-
-/* Step 3a: the running requests. */
-static kvp_status_t schedule_running(kvp__eng_t *e, step_t *s)
-{
-    int64_t bs = e->p.block_size;
-    KVP_LIST_FOR_EACH_SAFE(n, tmp, &e->running) {
-        rq_t *q = KVP_CONTAINER_OF(n, rq_t, node);
-        if (s->budget <= 0)
-            break;
-        int64_t want = q->num_tokens - q->num_computed;
-        if (want > s->budget)
-            want = s->budget;
-        if (want <= 0)
-            continue;
-        int64_t need = (q->num_computed + want + bs - 1) / bs - q->nblocks;
-        bool self = false;
-        while (need > e->bp.num_free) {
-            rq_t *victim = KVP_CONTAINER_OF(e->running.prev, rq_t, node);
-            self = victim == q;
-            kvp_status_t st = preempt(e, s, victim);
-            if (st != KVP_OK)
-                return st;
-            if (self)
-                break;
-        }
-        if (self)
-            break;
-        q->new_from = q->nblocks;
-        kvp_status_t st = rq_alloc(e, q, need);
-        if (st != KVP_OK)
-            return st;
-        q->scheduled = want;
-        s->budget -= want;
-        if (!push((void ***)&s->sched, &s->nsched, &s->cap_sched, q))
-            return KVP_ERR_NO_MEMORY;
-        tmp = q->node.next; /* a preemption may have removed what came next */
-    }
-    return KVP_OK;
-}
-
-/* Step 3b: one waiting request; *stop_p: the queue stops here. */
-static kvp_status_t schedule_waiting_one(kvp__eng_t *e, step_t *s, rq_t *q, bool *stop_p)
-{
-    int64_t bs = e->p.block_size;
-    int64_t local = 0, ext = 0;
-    bool async = false;
-    int64_t hit_ids_n = 0;
-    int64_t *hit_ids = NULL;
-    bool fresh = q->nblocks == 0; /* else: back from an async load, blocks held */
-    if (fresh) {
-        int64_t nfull = (q->num_tokens - 1) / bs;
-        if (nfull > q->num_hashes)
-            nfull = q->num_hashes;
-        hit_ids = kvp__arena_alloc(&e->scratch, (size_t)(nfull + 1) * sizeof *hit_ids);
-        if (!hit_ids)
-            return KVP_ERR_NO_MEMORY;
-        hit_ids_n = kvp__bp_lookup(&e->bp, q->r->hashes, nfull, hit_ids);
-        local = hit_ids_n * bs;
-        if (e->sched) {
-            rq_sync_view(q);
-            int64_t num = 0;
-            kvp_status_t st = kvp_kv_sched_get_num_new_matched_tokens(e->sched, &q->view, local,
-                                                                      &num, &async);
-            if (st != KVP_OK)
-                return st;
-            if (num < 0)
-                return KVP_OK; /* the lookup is not back yet: ask again next step */
-            ext = num;
-        }
-    }
-    int64_t computed = fresh ? local + ext : q->num_computed;
-    int64_t want = q->num_tokens - computed;
-    bool wait_remote = async && ext > 0;
-    if (wait_remote)
-        want = 0;
-    else if (want > s->budget)
-        want = s->budget;
-    int64_t have = q->nblocks + hit_ids_n;
-    int64_t need = (computed + want + bs - 1) / bs - have;
-    /* hits in the free queue are taken first: they may be what is free */
-    int64_t free_hits = 0;
-    for (int64_t i = 0; i < hit_ids_n; i++)
-        free_hits += e->bp.blocks[hit_ids[i]].ref == 0;
-    if (need > e->bp.num_free - free_hits) {
-        *stop_p = true;
-        return KVP_OK;
-    }
-    if (hit_ids_n) {
-        if (!rq_grow_blocks(q, q->nblocks + hit_ids_n))
-            return KVP_ERR_NO_MEMORY;
-        kvp__bp_touch(&e->bp, hit_ids, hit_ids_n);
-        memcpy(q->blocks + q->nblocks, hit_ids, (size_t)hit_ids_n * sizeof *hit_ids);
-        q->nblocks += hit_ids_n;
-        q->cached_blocks = hit_ids_n;
-    }
-    q->new_from = 0;
-    kvp_status_t st = rq_alloc(e, q, need);
-    if (st != KVP_OK)
-        return st;
-    if (!q->counted) {
-        q->counted = true;
-        q->count_pool = true;
-        e->stats.requests++;
-        e->stats.prompt_tokens += (uint64_t)q->r->prompt_len;
-        e->stats.local_hit_tokens += (uint64_t)local;
-        q->r->point->prompt_tokens = (uint32_t)q->r->prompt_len;
-        q->r->point->hit_tokens = (uint32_t)local;
-    }
-    if (e->sched) {
-        kvp_kv_ids_t ids = {q->blocks, (size_t)q->nblocks};
-        kvp_kv_blocks_t blocks = {&ids, 1};
-        rq_sync_view(q);
-        st = kvp_kv_sched_update_state_after_alloc(e->sched, &q->view, &blocks, ext);
-        if (st != KVP_OK)
-            return st;
-    }
-    if (ext > 0) {
-        q->load_from = local;
-        q->load_to = local + ext;
-        q->rollback = INT64_MAX;
-        q->recv_count = 0;
-        q->load_issued = false;
-        q->load_sync = !wait_remote;
-    }
-    kvp__list_del(&q->node);
-    if (wait_remote) {
-        rq_set_state(q, RQ_WAITING_REMOTE);
-        kvp__list_add_tail(&e->waiting, &q->node); /* (the caller walks a snapshot) */
-        q->waiting_new = true;
-        return KVP_OK;
-    }
-    q->num_computed = computed;
-    q->scheduled = want;
-    q->is_new = !q->resumed;
-    s->budget -= want;
-    if (ext > 0 && !push((void ***)&s->sync, &s->nsync, &s->cap_sync, q))
-        return KVP_ERR_NO_MEMORY;
-    rq_set_state(q, RQ_RUNNING);
-    kvp__list_add_tail(&e->running, &q->node);
-    return push((void ***)&s->sched, &s->nsched, &s->cap_sched, q) ? KVP_OK : KVP_ERR_NO_MEMORY;
-}
-
-static kvp_status_t schedule_waiting(kvp__eng_t *e, step_t *s)
-{
-    /* a snapshot of the queue: scheduling moves requests around in it */
-    size_t n = 0, i = 0;
-    KVP_LIST_FOR_EACH(x, &e->waiting) n++;
-    rq_t **snap = kvp__arena_alloc(&e->scratch, (n + 1) * sizeof *snap);
-    if (!snap)
-        return KVP_ERR_NO_MEMORY;
-    KVP_LIST_FOR_EACH(x, &e->waiting) snap[i++] = KVP_CONTAINER_OF(x, rq_t, node);
-    size_t running = running_count(e);
-    for (i = 0; i < n; i++) {
-        rq_t *q = snap[i];
-        if (s->budget <= 0 || running >= (size_t)e->p.max_num_seqs)
-            break;
-        if (q->state != RQ_WAITING)
-            continue;
-        bool stop = false;
-        kvp_status_t st = schedule_waiting_one(e, s, q, &stop);
-        if (st != KVP_OK)
-            return st;
-        /* vLLM stops at the first request that does not fit; with nothing
-         * running, the blocks it waits for are held by requests behind it
-         * (back from their loads), so those go first instead of nothing */
-        if (stop && (running > 0 || !kvp__list_empty(&e->finishing)))
-            break;
-        if (q->state == RQ_RUNNING)
-            running++;
-    }
-    if (s->nsched || running || !kvp__list_empty(&e->finishing))
-        return KVP_OK;
-    /* Nothing runs and nothing could start: every block is held by waiting
-     * requests back from their loads, each needing more.  The last of them
-     * gives its blocks up and will recompute (a preemption). */
-    for (i = n; i-- > 0;) {
-        rq_t *q = snap[i];
-        if (q->state == RQ_WAITING && q->nblocks) {
-            rq_free_blocks(e, q);
-            q->num_computed = 0;
-            rq_sync_view(q);
-            e->stats.preemptions++;
-            break;
-        }
     }
     return KVP_OK;
 }
@@ -806,15 +581,15 @@ static kvp_status_t finish(kvp__eng_t *e, rq_t *q, double end)
             return st;
     }
     if (delay) {
-        rq_set_state(q, RQ_FINISHING);
+        kvp__rq_set_state(q, RQ_FINISHING);
         kvp__list_add_tail(&e->finishing, &q->node);
     } else {
-        rq_free_blocks(e, q);
-        rq_set_state(q, RQ_DONE);
+        kvp__rq_free_blocks(e, q);
+        kvp__rq_set_state(q, RQ_DONE);
     }
     if (end > e->stats.last_token_us)
         e->stats.last_token_us = end;
-    return push((void ***)&e->done_rqs, &e->num_done_rqs, &e->cap_done_rqs, q) ? KVP_OK
+    return kvp__eng_push((void ***)&e->done_rqs, &e->num_done_rqs, &e->cap_done_rqs, q) ? KVP_OK
                                                                              : KVP_ERR_NO_MEMORY;
 }
 
@@ -921,9 +696,9 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
         st = take_events(e, t);
     step_t s = {.budget = e->p.token_budget};
     if (st == KVP_OK)
-        st = schedule_running(e, &s);
+        st = kvp__eng_schedule_running(e, &s);
     if (st == KVP_OK && !s.preempted_any)
-        st = schedule_waiting(e, &s);
+        st = kvp__eng_schedule_waiting(e, &s);
     /* finished ids: those of the last step */
     e->num_finished_ids = 0;
     for (size_t i = 0; st == KVP_OK && i < e->num_done_rqs; i++) {
@@ -980,7 +755,7 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
     /* the finished of the last step have been reported: let them go */
     for (size_t i = 0; i < e->num_done_rqs; i++)
         if (e->done_rqs[i]->state == RQ_DONE)
-            rq_release(e, e->done_rqs[i]);
+            kvp__rq_release(e, e->done_rqs[i]);
     e->num_done_rqs = 0;
     for (size_t i = 0; st == KVP_OK && i < s.nsched; i++) {
         rq_t *q = s.sched[i];
@@ -1002,15 +777,15 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
             if (q->rollback < q->num_computed) {
                 q->num_computed = q->rollback; /* recomputed from the failed block on */
                 q->rollback = INT64_MAX;
-                rq_sync_view(q);
+                kvp__rq_sync_view(q);
                 continue;
             }
             q->rollback = INT64_MAX;
         }
         q->count_pool = false;
-        rq_cache(e, q);
+        kvp__rq_cache(e, q);
         if (q->num_computed < q->num_tokens) {
-            rq_sync_view(q);
+            kvp__rq_sync_view(q);
             continue; /* prefill goes on */
         }
         if (q->num_out++ == 0)
@@ -1019,7 +794,7 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
             st = finish(e, q, end);
         else
             st = append_token(e, q);
-        rq_sync_view(q);
+        kvp__rq_sync_view(q);
     }
     e->stats.steps++;
     if (e->check)

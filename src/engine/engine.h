@@ -50,6 +50,8 @@ typedef struct kvp__eng_visible {
 
 kvp_status_t kvp__eng_visible_init(kvp__eng_visible_t *v);
 void kvp__eng_visible_cleanup(kvp__eng_visible_t *v);
+/* Blocks hashes[0..n) are visible from t_us on (or earlier, if they were). */
+void kvp__eng_visible_mark(kvp__eng_visible_t *v, const uint8_t *hashes, int64_t n, double t_us);
 /* Leading hashes of hashes[0..n) visible at time t_us. */
 int64_t kvp__eng_visible_prefix(kvp__eng_visible_t *v, const uint8_t *hashes, int64_t n,
                                 double t_us);

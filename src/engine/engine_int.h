@@ -137,6 +137,32 @@ struct kvp__eng {
     kvp__eng_stats_t stats;
 };
 
+/* One step's schedule (engine_sched.c fills it, engine.c runs it). */
+typedef struct step {
+    int64_t budget;
+    bool preempted_any;
+    rq_t **sched;             /* scheduled this step, in order */
+    size_t nsched, cap_sched;
+    const char **preempted;
+    size_t npreempted, cap_preempted;
+    rq_t **sync;              /* sync loads this step */
+    size_t nsync, cap_sync;
+    int64_t prefill_tokens, decode_tokens;
+} step_t;
+
+/* engine.c: requests */
+void kvp__rq_set_state(rq_t *q, rq_state_t to);
+void kvp__rq_sync_view(rq_t *q);
+void kvp__rq_release(struct kvp__eng *e, rq_t *q);
+bool kvp__rq_grow_blocks(rq_t *q, int64_t n);
+kvp_status_t kvp__rq_alloc(struct kvp__eng *e, rq_t *q, int64_t n);
+void kvp__rq_free_blocks(struct kvp__eng *e, rq_t *q);
+void kvp__rq_cache(struct kvp__eng *e, rq_t *q);
+bool kvp__eng_push(void ***arr, size_t *n, size_t *cap, void *v);
+/* engine_sched.c */
+kvp_status_t kvp__eng_schedule_running(struct kvp__eng *e, step_t *s);
+kvp_status_t kvp__eng_schedule_waiting(struct kvp__eng *e, step_t *s);
+
 /* rank.c */
 kvp_status_t kvp__eng_ranks_start(struct kvp__eng *e);
 void kvp__eng_ranks_stop(struct kvp__eng *e);
@@ -145,6 +171,5 @@ kvp_status_t kvp__eng_ranks_run(struct kvp__eng *e);
 /* visible.c: the scheduler's lookup client (the ZeroMQ one, capped by what
  * is visible at the instance's virtual time). */
 kvp_kv_lookup_client_t kvp__eng_filter_client(struct kvp__eng *e);
-void kvp__eng_visible_mark(kvp__eng_visible_t *v, const uint8_t *hashes, int64_t n, double t_us);
 
 #endif
