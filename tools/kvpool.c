@@ -25,6 +25,7 @@ static const kvp_command_t g_commands[] = {
     {"lookup-server", kvp_cmd_lookup_server, "serve KV lookups (vLLM's LookupKeyServer) over ZeroMQ"},
     {"lookup", kvp_cmd_lookup, "print the KV lookup hit of a token list (and why, with -v)"},
     {"bench-baseline", kvp_cmd_bench_baseline, "baselines for bench/compare.sh: memcpy, tcp-raw, redis"},
+    {"trace-gen", kvp_cmd_trace_gen, "write a synthetic Mooncake-format trace (sessions, system prompts)"},
 };
 
 static void usage(FILE *out)
