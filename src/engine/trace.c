@@ -259,8 +259,9 @@ kvp_status_t kvp__trace_read(FILE *f, const char *name, size_t limit, kvp__trace
     kvp__free(b.p, b.cap);
     kvp__json_parser_cleanup(&jp);
     if (t->skipped > 0)
-        kvp_warn("%s: skipped %" PRIu64 " bad line%s of %" PRIu64 " (the first %d named above)", name,
-                 t->skipped, t->skipped == 1 ? "" : "s", t->lines, TRACE_WARN_LINES);
+        kvp_warn("%s: skipped %" PRIu64 " bad line%s of %" PRIu64 " (the first %" PRIu64 " named above)",
+                 name, t->skipped, t->skipped == 1 ? "" : "s", t->lines,
+                 t->skipped < TRACE_WARN_LINES ? t->skipped : (uint64_t)TRACE_WARN_LINES);
     if (st == KVP_OK) {
         if (trace_trim((void **)&t->reqs, reqs_cap, t->n, sizeof *t->reqs) != 0)
             st = KVP_ERR_NO_MEMORY;
