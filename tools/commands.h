@@ -19,6 +19,7 @@ int kvp_cmd_lookup_server(int argc, char **argv); int kvp_cmd_lookup(int argc, c
 int kvp_bench_lookup(int argc, char **argv);
 int kvp_bench_kv_worker(int argc, char **argv);
 int kvp_cmd_replay(int argc, char **argv);
+int kvp_cmd_trace_gen(int argc, char **argv);
 
 
 #endif

@@ -26,6 +26,7 @@ static const kvp_command_t g_commands[] = {
     {"lookup", kvp_cmd_lookup, "print the KV lookup hit of a token list (and why, with -v)"},
     {"replay", kvp_cmd_replay, "replay a Mooncake trace through engine instances sharing a pool"},
     {"bench-baseline", kvp_cmd_bench_baseline, "baselines for bench/compare.sh: memcpy, tcp-raw, redis"},
+    {"trace-gen", kvp_cmd_trace_gen, "write a synthetic Mooncake-format trace (sessions, system prompts)"},
 };
 
 static void usage(FILE *out)
