@@ -217,11 +217,16 @@ kvp_status_t kvp__eng_schedule_waiting(kvp__eng_t *e, step_t *s)
     for (i = n; i-- > 0;) {
         rq_t *q = snap[i];
         if (q->state == RQ_WAITING && q->nblocks) {
+            /* the connector hears of it as of any preemption (K9) */
             kvp__rq_free_blocks(e, q);
             q->num_computed = 0;
+            q->resumed = true;
             kvp__rq_sync_view(q);
             e->stats.preemptions++;
-            break;
+            return kvp__eng_push((void ***)&s->preempted, &s->npreempted, &s->cap_preempted,
+                                 (void *)q->id)
+                       ? KVP_OK
+                       : KVP_ERR_NO_MEMORY;
         }
     }
     return KVP_OK;
