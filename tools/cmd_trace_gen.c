@@ -34,7 +34,7 @@ static void trace_gen_usage(FILE *out)
             "                      (default requests / turns)\n"
             "  --turns N           mean turns per session when --sessions is not given (default 2)\n"
             "  --system-prompts N  shared system prompts of 1-3 blocks, 0..%llu (default 8)\n"
-            "  --rate R            mean arrivals per second, (0, 1000000] (default 2)\n"
+            "  --rate R            mean arrivals per second, 0.001..1000000 (default 2)\n"
             "  --seed S            any unsigned 64-bit integer (default 1)\n"
             "\n"
             "Per session: a first user turn of 16 + Exp(4,500) tokens, later ones of\n"
@@ -76,7 +76,7 @@ static int tg_parse_rate(const char *s, double *v_p)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || !(v > 0) || v > 1e6)
+    if (errno || *end || !isfinite(v) || !(v >= 1e-3) || v > 1e6)
         return -1;
     *v_p = v;
     return 0;

@@ -77,7 +77,8 @@ typedef struct kvp__trace_gen_params {
 void kvp__trace_gen_params_init(kvp__trace_gen_params_t *p);
 /* Writes the trace to f, deterministic for the params.  Returns KVP_OK;
  * KVP_ERR_INVALID_ARG (zero requests or turns, sessions > requests,
- * requests > UINT32_MAX, a rate not in (0, 1e6]; logged); KVP_ERR_IO;
+ * requests > UINT32_MAX, a rate not in [0.001, 1e6] or too low
+ * for the requests' time span to fit int64 microseconds; logged); KVP_ERR_IO;
  * KVP_ERR_NO_MEMORY. */
 kvp_status_t kvp__trace_gen(const kvp__trace_gen_params_t *p, FILE *f);
 

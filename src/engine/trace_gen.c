@@ -319,8 +319,12 @@ kvp_status_t kvp__trace_gen(const kvp__trace_gen_params_t *p, FILE *f)
     if (!p || !f)
         return KVP_ERR_NULL_POINTER;
     uint64_t ns = p->sessions ? p->sessions : (p->turns ? (p->requests + p->turns - 1) / p->turns : 0);
-    if (p->requests == 0 || p->requests > UINT32_MAX || p->turns == 0 || ns > p->requests ||
-        !(p->rate > 0 && p->rate <= 1e6)) {
+    bool rate_ok = p->rate >= 1e-3 && p->rate <= 1e6;
+    /* One exact-rounded IEEE division, at most 1e9 us; the clock (int64 us)
+     * must hold every gap at its longest draw (36.7 x the mean, < 64 x). */
+    uint64_t gap_us = rate_ok ? (uint64_t)(1e6 / p->rate) : 0;
+    if (p->requests == 0 || p->requests > UINT32_MAX || p->turns == 0 || ns > p->requests || !rate_ok ||
+        (unsigned __int128)p->requests * gap_us * 64 > INT64_MAX) {
         kvp_error("trace-gen: bad parameters (requests %" PRIu64 ", sessions %" PRIu64
                   ", turns %u, rate %g)",
                   p->requests, p->sessions, p->turns, p->rate);
@@ -361,7 +365,6 @@ kvp_status_t kvp__trace_gen(const kvp__trace_gen_params_t *p, FILE *f)
         }
     }
 
-    uint64_t gap_us = (uint64_t)(1e6 / p->rate); /* one exact-rounded IEEE division */
     int64_t t_us = 0;
     uint64_t next_new = 0;
     for (uint64_t i = 0; i < p->requests && st == KVP_OK; i++) {

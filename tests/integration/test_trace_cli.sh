@@ -51,6 +51,7 @@ check trace_gen_bad_sessions_over_requests bad --requests 10 --sessions 11
 check trace_gen_bad_turns bad --turns 0
 check trace_gen_bad_rate_zero bad --rate 0
 check trace_gen_bad_rate_nan bad --rate nan
+check trace_gen_bad_rate_tiny bad --rate 1e-300
 check trace_gen_bad_rate_text bad --rate 2x
 check trace_gen_bad_seed bad --seed -1
 check trace_gen_missing_value bad --requests

@@ -419,6 +419,10 @@ TEST(test_trace_gen_bad_params)
     ASSERT_EQ(kvp__trace_gen(&p, f), KVP_ERR_INVALID_ARG);
     p.rate = -1;
     ASSERT_EQ(kvp__trace_gen(&p, f), KVP_ERR_INVALID_ARG);
+    p.rate = 1e-300; /* its mean gap would not fit the clock */
+    ASSERT_EQ(kvp__trace_gen(&p, f), KVP_ERR_INVALID_ARG);
+    p.rate = 1e6 * 1.5;
+    ASSERT_EQ(kvp__trace_gen(&p, f), KVP_ERR_INVALID_ARG);
     ASSERT_EQ(kvp__trace_gen(NULL, f), KVP_ERR_NULL_POINTER);
     fclose(f);
 }
