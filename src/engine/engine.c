@@ -315,11 +315,23 @@ void kvp__eng_stats(const kvp__eng_t *e, kvp__eng_stats_t *st)
 
 static rq_t *rq_of(const kvp__eng_t *e, const char *id) { return kvp__strmap_gets(&e->by_id, id); }
 
+/* A failed block of q's load: q recomputes from it on.  Whether it was q's. */
+static bool blame(const kvp__eng_t *e, rq_t *q, int64_t blk)
+{
+    int64_t bs = e->p.block_size;
+    for (int64_t b = q->load_from / bs; b < q->load_to / bs && b < q->nblocks; b++)
+        if (q->blocks[b] == blk) {
+            if (b * bs < q->rollback)
+                q->rollback = b * bs;
+            return true;
+        }
+    return false;
+}
+
 /* Folds one phase's reports into the requests: done_recving / done_sending
  * per rank, and each failed block back to the load it belongs to. */
 static void merge_phase(kvp__eng_t *e, rq_t *const *sync, size_t nsync)
 {
-    int64_t bs = e->p.block_size;
     for (uint32_t r = 0; r < e->p.tp; r++) {
         rank_t *rk = &e->ranks[r];
         for (size_t i = 0; i < rk->fin.num_recving; i++) {
@@ -333,29 +345,13 @@ static void merge_phase(kvp__eng_t *e, rq_t *const *sync, size_t nsync)
                 q->send_count++;
         }
         for (size_t i = 0; i < rk->nerrs; i++) {
-            int64_t blk = rk->errs[i];
             bool found = false;
-            for (size_t k = 0; k < nsync && !found; k++) {
-                rq_t *q = sync[k];
-                for (int64_t b = q->load_from / bs; b < q->load_to / bs && b < q->nblocks; b++)
-                    if (q->blocks[b] == blk) {
-                        if (b * bs < q->rollback)
-                            q->rollback = b * bs;
-                        found = true;
-                        break;
-                    }
-            }
+            for (size_t k = 0; k < nsync && !found; k++)
+                found = blame(e, sync[k], rk->errs[i]);
             KVP_LIST_FOR_EACH(n, &e->waiting) {
                 rq_t *q = KVP_CONTAINER_OF(n, rq_t, node);
-                if (found || q->state != RQ_WAITING_REMOTE)
-                    continue;
-                for (int64_t b = q->load_from / bs; b < q->load_to / bs && b < q->nblocks; b++)
-                    if (q->blocks[b] == blk) {
-                        if (b * bs < q->rollback)
-                            q->rollback = b * bs;
-                        found = true;
-                        break;
-                    }
+                if (!found && q->state == RQ_WAITING_REMOTE)
+                    found = blame(e, q, rk->errs[i]);
             }
         }
     }

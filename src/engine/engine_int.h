@@ -60,7 +60,6 @@ typedef struct rq {
     uint32_t send_count;
     bool sent_reported;        /* its id went to the workers as finished */
     bool count_pool;           /* its next load counts in pool_hit_tokens */
-    bool waiting_new;          /* allocated for an async load in this step */
 } rq_t;
 
 typedef struct rank {

@@ -167,7 +167,6 @@ static kvp_status_t schedule_waiting_one(kvp__eng_t *e, step_t *s, rq_t *q, bool
     if (wait_remote) {
         kvp__rq_set_state(q, RQ_WAITING_REMOTE);
         kvp__list_add_tail(&e->waiting, &q->node); /* (the caller walks a snapshot) */
-        q->waiting_new = true;
         return KVP_OK;
     }
     q->num_computed = computed;
