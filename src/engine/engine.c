@@ -244,6 +244,9 @@ void kvp__eng_destroy(kvp__eng_t *e)
     kvp__free(e->finished_ids, e->cap_finished_ids * sizeof *e->finished_ids);
     kvp__free(e->done_rqs, e->cap_done_rqs * sizeof *e->done_rqs);
     kvp__arena_cleanup(&e->scratch);
+    kvp__free(e->step.sched, e->step.cap_sched * sizeof *e->step.sched);
+    kvp__free(e->step.preempted, e->step.cap_preempted * sizeof *e->step.preempted);
+    kvp__free(e->step.sync, e->step.cap_sync * sizeof *e->step.sync);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->settle_mu);
     pthread_cond_destroy(&e->go_cv);
@@ -264,12 +267,6 @@ void kvp__eng_arrive(kvp__eng_t *e, kvp__eng_req_t *r)
 }
 
 double kvp__eng_next_us(const kvp__eng_t *e) { return e->next_us; }
-
-bool kvp__eng_busy(const kvp__eng_t *e)
-{
-    return e->arr_head || !kvp__list_empty(&e->waiting) || !kvp__list_empty(&e->running) ||
-           !kvp__list_empty(&e->finishing) || e->num_done_rqs;
-}
 
 int64_t kvp__eng_local_hit(const kvp__eng_t *e, const uint8_t *hashes, int64_t n)
 {
@@ -690,11 +687,15 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
     kvp_status_t st = keep_promises(e, t);
     if (st == KVP_OK)
         st = take_events(e, t);
-    step_t s = {.budget = e->p.token_budget};
+    step_t *s = &e->step; /* its arrays are kept from step to step */
+    s->budget = e->p.token_budget;
+    s->preempted_any = false;
+    s->nsched = s->npreempted = s->nsync = 0;
+    s->prefill_tokens = s->decode_tokens = 0;
     if (st == KVP_OK)
-        st = kvp__eng_schedule_running(e, &s);
-    if (st == KVP_OK && !s.preempted_any)
-        st = kvp__eng_schedule_waiting(e, &s);
+        st = kvp__eng_schedule_running(e, s);
+    if (st == KVP_OK && !s->preempted_any)
+        st = kvp__eng_schedule_waiting(e, s);
     /* finished ids: those of the last step */
     e->num_finished_ids = 0;
     for (size_t i = 0; st == KVP_OK && i < e->num_done_rqs; i++) {
@@ -705,26 +706,26 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
             e->finished_ids[e->num_finished_ids++] = e->done_rqs[i]->id;
     }
     double dur = e->p.step_us;
-    for (size_t i = 0; st == KVP_OK && i < s.nsched; i++) {
-        rq_t *q = s.sched[i];
+    for (size_t i = 0; st == KVP_OK && i < s->nsched; i++) {
+        rq_t *q = s->sched[i];
         if (q->num_computed >= q->r->prompt_len)
-            s.decode_tokens += q->scheduled;
+            s->decode_tokens += q->scheduled;
         else
-            s.prefill_tokens += q->scheduled;
+            s->prefill_tokens += q->scheduled;
     }
-    dur += (double)s.prefill_tokens * e->p.prefill_us_per_token +
-           (double)s.decode_tokens * e->p.decode_us_per_token;
-    bool progressed = s.nsched || s.npreempted || e->num_done_rqs;
+    dur += (double)s->prefill_tokens * e->p.prefill_us_per_token +
+           (double)s->decode_tokens * e->p.decode_us_per_token;
+    bool progressed = s->nsched || s->npreempted || e->num_done_rqs;
     const kvp_kv_meta_t *meta = NULL;
     if (st == KVP_OK && e->sched) {
         kvp_kv_sched_output_t so;
-        st = build_output(e, &s, &so);
+        st = build_output(e, s, &so);
         if (st == KVP_OK)
             st = kvp_kv_sched_build_connector_meta(e->sched, &so, &meta);
-        if (st == KVP_OK && s.nsync) {
+        if (st == KVP_OK && s->nsync) {
             double bytes = 0;
-            for (size_t i = 0; i < s.nsync; i++)
-                bytes += (double)(s.sync[i]->load_to - s.sync[i]->load_from) * (double)e->token_bytes;
+            for (size_t i = 0; i < s->nsync; i++)
+                bytes += (double)(s->sync[i]->load_to - s->sync[i]->load_from) * (double)e->token_bytes;
             double start = t > e->load_link_us ? t : e->load_link_us;
             e->load_link_us = start + bytes / e->p.link_bytes_per_us;
             dur += e->load_link_us - t + e->p.lookup_rtt_us;
@@ -733,15 +734,15 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
         e->phase.meta = meta;
         e->phase.finished = e->finished_ids;
         e->phase.num_finished = e->num_finished_ids;
-        e->phase.load_now = s.nsync > 0;
-        e->phase.sync_loads = s.sync;
-        e->phase.num_sync_loads = s.nsync;
+        e->phase.load_now = s->nsync > 0;
+        e->phase.sync_loads = s->sync;
+        e->phase.num_sync_loads = s->nsync;
         if (st == KVP_OK)
-            st = build_fills(e, &s, &e->phase);
+            st = build_fills(e, s, &e->phase);
         if (st == KVP_OK)
             st = kvp__eng_ranks_run(e);
         if (st == KVP_OK)
-            merge_phase(e, s.sync, s.nsync);
+            merge_phase(e, s->sync, s->nsync);
         for (size_t i = 0; i < e->num_done_rqs; i++)
             e->done_rqs[i]->sent_reported = true;
     }
@@ -753,8 +754,8 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
         if (e->done_rqs[i]->state == RQ_DONE)
             kvp__rq_release(e, e->done_rqs[i]);
     e->num_done_rqs = 0;
-    for (size_t i = 0; st == KVP_OK && i < s.nsched; i++) {
-        rq_t *q = s.sched[i];
+    for (size_t i = 0; st == KVP_OK && i < s->nsched; i++) {
+        rq_t *q = s->sched[i];
         if (q->state != RQ_RUNNING)
             continue;
         q->num_computed += q->scheduled;

@@ -115,8 +115,6 @@ void kvp__eng_settle_saves(kvp__eng_t *eng, double t_us);
 /* The local prefix-cache hit of hashes[0..n), in blocks (the prefix router;
  * call only while the instance is not stepping). */
 int64_t kvp__eng_local_hit(const kvp__eng_t *eng, const uint8_t *hashes, int64_t n);
-/* Whether requests are still in the instance (queued, running, finishing). */
-bool kvp__eng_busy(const kvp__eng_t *eng);
 
 typedef struct kvp__eng_stats {
     uint64_t requests, rejected, prompt_tokens, local_hit_tokens, pool_hit_tokens;

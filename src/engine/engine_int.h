@@ -94,6 +94,19 @@ typedef struct phase {
     size_t num_fills;
 } phase_t;
 
+/* One step's schedule (engine_sched.c fills it, engine.c runs it). */
+typedef struct step {
+    int64_t budget;
+    bool preempted_any;
+    rq_t **sched;             /* scheduled this step, in order */
+    size_t nsched, cap_sched;
+    const char **preempted;
+    size_t npreempted, cap_preempted;
+    rq_t **sync;              /* sync loads this step */
+    size_t nsync, cap_sync;
+    int64_t prefill_tokens, decode_tokens;
+} step_t;
+
 struct kvp__eng {
     kvp__eng_params_t p;
     uint64_t token_bytes;      /* per rank */
@@ -128,6 +141,7 @@ struct kvp__eng {
     kvp_hash_t none_hash;
     bool check;                /* KVP_ENGINE_CHECK: the books after every step */
     kvp__arena_t scratch;      /* this step's views */
+    step_t step;               /* this step's schedule */
     /* step scratch */
     const char **finished_ids;
     size_t num_finished_ids, cap_finished_ids;
@@ -136,18 +150,6 @@ struct kvp__eng {
     kvp__eng_stats_t stats;
 };
 
-/* One step's schedule (engine_sched.c fills it, engine.c runs it). */
-typedef struct step {
-    int64_t budget;
-    bool preempted_any;
-    rq_t **sched;             /* scheduled this step, in order */
-    size_t nsched, cap_sched;
-    const char **preempted;
-    size_t npreempted, cap_preempted;
-    rq_t **sync;              /* sync loads this step */
-    size_t nsync, cap_sync;
-    int64_t prefill_tokens, decode_tokens;
-} step_t;
 
 /* engine.c: requests */
 void kvp__rq_set_state(rq_t *q, rq_state_t to);

@@ -183,6 +183,19 @@ static uint32_t route(shared_t *sh, inst_t *inst, const kvp__eng_req_t *q)
     return pick;
 }
 
+/* Requests admitted (or rejected) so far and the hit rate so far. */
+static void show_progress(kvp__progress_t *prog, inst_t *inst, uint32_t n, uint64_t rejected)
+{
+    uint64_t done = rejected, prompt = 0, hit = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvp__eng_stats_t es;
+        kvp__eng_stats(inst[i].eng, &es);
+        done += es.requests, prompt += es.prompt_tokens;
+        hit += es.local_hit_tokens + es.pool_hit_tokens;
+    }
+    kvp__progress_update(prog, done, prompt ? (double)hit / (double)prompt : 0);
+}
+
 static const char *run_label(kvp__replay_kind_t k)
 {
     return k == KVP__RUN_POOL ? "pool" : k == KVP__RUN_POOL_FASTER ? "pool (faster)" : "no pool";
@@ -332,17 +345,11 @@ static kvp_status_t do_run(shared_t *sh, kvp__replay_kind_t kind, outcome_t *out
         for (uint32_t i = 0; i < p->instances; i++)
             if (inst[i].st != KVP_OK)
                 st = inst[i].st;
-        if (prog.tty) {
-            uint64_t done = 0, prompt = 0, hit = 0;
-            for (uint32_t i = 0; i < p->instances; i++) {
-                kvp__eng_stats_t es;
-                kvp__eng_stats(inst[i].eng, &es);
-                done += es.requests, prompt += es.prompt_tokens;
-                hit += es.local_hit_tokens + es.pool_hit_tokens;
-            }
-            kvp__progress_update(&prog, done, prompt ? (double)hit / (double)prompt : 0);
-        }
+        if (prog.tty)
+            show_progress(&prog, inst, p->instances, rejected);
     }
+    if (prog.tty && st == KVP_OK)
+        show_progress(&prog, inst, p->instances, rejected);
     kvp__progress_end(&prog);
     if (st != KVP_OK) {
         fprintf(stderr, "kvpool replay: the %s run failed: %s\n", run_label(kind), kvp_status_str(st));
@@ -416,15 +423,27 @@ static kvp_status_t do_run(shared_t *sh, kvp__replay_kind_t kind, outcome_t *out
 /* ---- sizing ------------------------------------------------------------- */
 
 /* Full blocks of each distinct hash id (its largest use): the pool's share
- * of the trace, before the key namespaces. */
+ * of the trace, before the key namespaces.  Sorted pairs, so any id values
+ * work. */
+typedef struct id_use {
+    int64_t id;
+    int64_t full;
+} id_use_t;
+
+static int id_use_cmp(const void *a, const void *b)
+{
+    const id_use_t *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id ? 1 : (x->full > y->full) - (x->full < y->full);
+}
+
 static kvp_status_t count_unique(shared_t *sh)
 {
     const kvp__trace_t *t = &sh->trace;
-    if (t->max_hash_id < 0)
+    size_t n = t->num_hash_ids, k = 0;
+    if (n == 0)
         return KVP_OK;
-    size_t nid = (size_t)t->max_hash_id + 1;
-    uint16_t *most = kvp__calloc(nid, sizeof *most);
-    if (!most)
+    id_use_t *u = kvp__malloc(n * sizeof *u);
+    if (!u)
         return KVP_ERR_NO_MEMORY;
     for (size_t i = 0; i < t->n; i++) {
         const kvp__trace_req_t *q = &t->reqs[i];
@@ -432,15 +451,14 @@ static kvp_status_t count_unique(shared_t *sh)
             int64_t left = q->input_length - (int64_t)j * KVP__TRACE_BLOCK_TOKENS;
             if (left > KVP__TRACE_BLOCK_TOKENS)
                 left = KVP__TRACE_BLOCK_TOKENS;
-            uint16_t full = (uint16_t)(left / sh->p->block_size);
-            int64_t id = t->hash_ids[q->hash_off + j];
-            if (full > most[id])
-                most[id] = full;
+            u[k++] = (id_use_t){t->hash_ids[q->hash_off + j], left / sh->p->block_size};
         }
     }
-    for (size_t i = 0; i < nid; i++)
-        sh->unique_blocks += most[i];
-    kvp__free(most, nid * sizeof *most);
+    qsort(u, k, sizeof *u, id_use_cmp);
+    for (size_t i = 0; i < k; i++)
+        if (i + 1 == k || u[i + 1].id != u[i].id)
+            sh->unique_blocks += (uint64_t)u[i].full; /* the largest use of this id */
+    kvp__free(u, n * sizeof *u);
     return KVP_OK;
 }
 
