@@ -295,6 +295,7 @@ void kvp__eng_stats(const kvp__eng_t *e, kvp__eng_stats_t *st)
         st->save_errors += ws.save_errors;
         st->bytes_saved += ws.bytes_saved;
         st->bytes_loaded += ws.bytes_loaded;
+        st->io_ns += ws.save_ns + ws.load_ns;
         st->blocks_verified += e->ranks[r].verified;
         st->corruptions += e->ranks[r].corrupt;
     }

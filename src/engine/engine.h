@@ -120,6 +120,7 @@ typedef struct kvp__eng_stats {
     uint64_t requests, rejected, prompt_tokens, local_hit_tokens, pool_hit_tokens;
     uint64_t blocks_loaded, blocks_verified, corruptions, load_errors, save_errors;
     uint64_t lookup_errors, preemptions, steps, bytes_saved, bytes_loaded;
+    uint64_t io_ns;            /* the workers' time in pool put and get calls */
     double last_token_us;
 } kvp__eng_stats_t;
 void kvp__eng_stats(const kvp__eng_t *eng, kvp__eng_stats_t *st);

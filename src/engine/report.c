@@ -239,7 +239,7 @@ static const table_row_t g_rows[] = {
     {"modelled time (s)", cell_virtual, false},
     {"wall time (s)", cell_wall, false},
     {"requests/s (wall)", cell_rps, false},
-    {"GB/s moved (wall) / link", cell_gbps, false},
+    {"GB/s measured / modelled", cell_gbps, false},
 };
 
 static int cell_width(const kvp__replay_run_t *r)

@@ -52,7 +52,7 @@ typedef struct kvp__replay_run {
     double virtual_s;        /* modelled time from the first arrival to the last token */
     double wall_s;           /* real time of the run */
     double modelled_gbps;    /* the link (GB/s) the I/O is modelled on */
-    double measured_gbps;    /* bytes saved + loaded / wall_s (what the run really moved) */
+    double measured_gbps;    /* bytes saved + loaded / the workers' time in put and get calls */
     const kvp__replay_point_t *points; /* requests entries, trace order */
     size_t num_points;
 } kvp__replay_run_t;
