@@ -1,7 +1,6 @@
 # kvpool — top-level entry points.  `make run` and `make test` work on a fresh
 # Debian 12 machine as root: missing packages are installed first.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-RUN_URI ?= embedded://?capacity=4GiB
 PREFIX ?= /usr/local
 DESTDIR ?=
 
@@ -44,11 +43,15 @@ test-asan: asan
 # Every test, in the release build and again under ASan+UBSan.
 test: test-release test-asan
 
-# The main job on the embedded pool (a short bench until the trace replay exists).
+# The main job: a synthetic trace (multi-turn sessions, shared system
+# prompts) replayed by 2 engine instances sharing an embedded pool, with and
+# without the pool; the table on stdout, the plot in build/replay.svg.
+RUN_TRACE_FLAGS ?= --requests 300 --sessions 100 --seed 1
+RUN_REPLAY_FLAGS ?= --instances 2
 run: build
-	build/kvpool bench --uri '$(RUN_URI)' --op put --size 1MiB --count 2000 --threads 1
-	build/kvpool bench --uri '$(RUN_URI)' --op get --size 1MiB --count 2000 --threads 1
-	build/kvpool bench --uri '$(RUN_URI)' --op prefix --size 4KiB --count 100000 --threads 1
+	build/kvpool trace-gen $(RUN_TRACE_FLAGS) >build/run-trace.jsonl
+	build/kvpool replay build/run-trace.jsonl $(RUN_REPLAY_FLAGS) --plot build/replay.svg
+	@echo "plot: build/replay.svg"
 
 # The benchmarks the issues quote (longer; not part of `make test`).
 bench: build

@@ -18,6 +18,8 @@ int kvp_cmd_kv_sched_replay(int argc, char **argv); int kvp_bench_kv_scheduler(i
 int kvp_cmd_lookup_server(int argc, char **argv); int kvp_cmd_lookup(int argc, char **argv);
 int kvp_bench_lookup(int argc, char **argv);
 int kvp_bench_kv_worker(int argc, char **argv);
+int kvp_cmd_replay(int argc, char **argv);
+int kvp_cmd_trace_gen(int argc, char **argv);
 
 
 #endif

@@ -24,7 +24,9 @@ static const kvp_command_t g_commands[] = {
     {"stats", kvp_cmd_stats, "print a pool's statistics (--json for scripts)"},
     {"lookup-server", kvp_cmd_lookup_server, "serve KV lookups (vLLM's LookupKeyServer) over ZeroMQ"},
     {"lookup", kvp_cmd_lookup, "print the KV lookup hit of a token list (and why, with -v)"},
+    {"replay", kvp_cmd_replay, "replay a Mooncake trace through engine instances sharing a pool"},
     {"bench-baseline", kvp_cmd_bench_baseline, "baselines for bench/compare.sh: memcpy, tcp-raw, redis"},
+    {"trace-gen", kvp_cmd_trace_gen, "write a synthetic Mooncake-format trace (sessions, system prompts)"},
 };
 
 static void usage(FILE *out)

@@ -926,6 +926,9 @@ typedef struct kvp_kv_worker_stats {
     uint64_t save_queue_depth;   /* ReqMetas queued to the save thread now */
     uint64_t save_queue_bytes;   /* their block bytes */
     uint64_t load_queue_depth;   /* ReqMetas queued to the load threads now */
+    uint64_t save_ns;            /* time spent in the pool's put calls (bytes_saved / it: the
+                                  * save bandwidth really reached) */
+    uint64_t load_ns;            /* time spent in the pool's get calls, summed over load threads */
 } kvp_kv_worker_stats_t;
 KVP_API void kvp_kv_worker_stats(const kvp_kv_worker_t *worker, kvp_kv_worker_stats_t *stats_p);
 

@@ -309,7 +309,7 @@ class KvFinished(ctypes.Structure):  # kvp_kv_finished_t
 KV_WORKER_STATS_FIELDS = (
     "blocks_saved", "blocks_deduped", "blocks_loaded", "load_errors", "save_errors",
     "saves_dropped", "pressure_skips", "bytes_saved", "bytes_loaded", "save_queue_depth",
-    "save_queue_bytes", "load_queue_depth",
+    "save_queue_bytes", "load_queue_depth", "save_ns", "load_ns",
 )
 
 

@@ -51,9 +51,8 @@ typedef struct kvp__replay_run {
     double ttft_p50_ms, ttft_p99_ms;
     double virtual_s;        /* modelled time from the first arrival to the last token */
     double wall_s;           /* real time of the run */
-    double io_s;             /* real time spent moving bytes (loads and saves, summed) */
     double modelled_gbps;    /* the link (GB/s) the I/O is modelled on */
-    double measured_gbps;    /* bytes moved / real I/O time */
+    double measured_gbps;    /* bytes saved + loaded / the workers' time in put and get calls */
     const kvp__replay_point_t *points; /* requests entries, trace order */
     size_t num_points;
 } kvp__replay_run_t;

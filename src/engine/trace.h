@@ -9,8 +9,9 @@
  * not JSON, a missing or mistyped field, a negative or absurd length
  * (input_length < 1 or > KVP__TRACE_MAX_INPUT, output_length < 0 or >
  * KVP__TRACE_MAX_OUTPUT), a negative id, hash_ids not matching input_length
- * (len != ceil(input_length / 512)), a timestamp below the previous kept
- * line's.  Memory: the requests and one array of every id.
+ * (len != ceil(input_length / 512)), a negative timestamp or one below the
+ * previous kept line's, a line over KVP__TRACE_MAX_LINE bytes.  Memory: the
+ * requests and one array of every id.
  */
 #ifndef KVP_ENGINE_TRACE_H
 #define KVP_ENGINE_TRACE_H
@@ -24,6 +25,7 @@
 #define KVP__TRACE_BLOCK_TOKENS 512       /* tokens per hash id */
 #define KVP__TRACE_MAX_INPUT (16 << 20)   /* tokens */
 #define KVP__TRACE_MAX_OUTPUT (1 << 20)   /* tokens */
+#define KVP__TRACE_MAX_LINE (64 << 20)    /* bytes; a longer line is skipped */
 
 typedef struct kvp__trace_req {
     int64_t timestamp_ms;  /* arrival, relative to the trace start */
@@ -64,7 +66,7 @@ kvp_status_t kvp__trace_bound(const kvp__trace_t *t, uint64_t *prompt_tokens_p,
 /* Synthetic traces (`kvpool trace-gen`). */
 typedef struct kvp__trace_gen_params {
     uint64_t requests;       /* total requests */
-    uint64_t sessions;       /* multi-turn conversations */
+    uint64_t sessions;       /* multi-turn conversations; 0: requests / turns */
     uint32_t turns;          /* mean turns per session */
     uint32_t system_prompts; /* shared system prompts */
     double rate;             /* mean arrivals per second (Poisson) */
@@ -74,7 +76,9 @@ typedef struct kvp__trace_gen_params {
 /* Defaults (documented in tools/cmd_trace_gen.c's usage). */
 void kvp__trace_gen_params_init(kvp__trace_gen_params_t *p);
 /* Writes the trace to f, deterministic for the params.  Returns KVP_OK;
- * KVP_ERR_INVALID_ARG (a zero count or rate; logged); KVP_ERR_IO;
+ * KVP_ERR_INVALID_ARG (zero requests or turns, sessions > requests,
+ * requests > UINT32_MAX, a rate not in [0.001, 1e6] or too low
+ * for the requests' time span to fit int64 microseconds; logged); KVP_ERR_IO;
  * KVP_ERR_NO_MEMORY. */
 kvp_status_t kvp__trace_gen(const kvp__trace_gen_params_t *p, FILE *f);
 

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/sized.h"
 #include "kv/kv_keys.h"
@@ -133,7 +134,10 @@ kvp_status_t kvp__kvw_call(kvp_kv_worker_t *w, kvp_op_type_t type, const kvp_key
      * drives the transport as the blocking wrappers do). */
     kvp_op_t op = {.type = type, .keys = keys, .n = n, .values = values, .results = results,
                    .present = present, .timeout_ms = w->p.timeout_ms};
+    uint64_t t0 = kvp__now_ns();
     kvp_status_t st = kvp_pool_run(w->p.pool, &op);
+    if (type == KVP_OP_PUT || type == KVP_OP_GET)
+        atomic_fetch_add(type == KVP_OP_PUT ? &w->c.save_ns : &w->c.load_ns, kvp__now_ns() - t0);
     if (st != KVP_OK)
         atomic_fetch_add(&w->c.pool_calls_failed, 1);
     return st;

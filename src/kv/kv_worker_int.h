@@ -86,6 +86,7 @@ typedef struct kvp__kvw_stored {
 typedef struct kvp__kvw_counters {
     _Atomic uint64_t blocks_saved, blocks_deduped, blocks_loaded, load_errors, save_errors;
     _Atomic uint64_t saves_dropped, pressure_skips, bytes_saved, bytes_loaded;
+    _Atomic uint64_t save_ns, load_ns; /* in put / get calls */
     _Atomic uint64_t save_queue_depth, save_queue_bytes, load_queue_depth;
     _Atomic uint64_t saves_done, loads_done, pool_calls_failed, bad_metas;
 } kvp__kvw_counters_t;

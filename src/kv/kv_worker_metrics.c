@@ -33,6 +33,8 @@ void kvp_kv_worker_stats(const kvp_kv_worker_t *worker, kvp_kv_worker_stats_t *s
     stats_p->save_queue_depth = LD(c->save_queue_depth);
     stats_p->save_queue_bytes = LD(c->save_queue_bytes);
     stats_p->load_queue_depth = LD(c->load_queue_depth);
+    stats_p->save_ns = LD(c->save_ns);
+    stats_p->load_ns = LD(c->load_ns);
 }
 
 /* Text into buf[0..cap) that keeps counting past its end. */
@@ -89,6 +91,11 @@ kvp_status_t kvp_kv_worker_metrics(const kvp_kv_worker_t *worker, char *buf, siz
             "kvpool_kv_worker_bytes_total{dir=\"saved\"} %llu\n"
             "kvpool_kv_worker_bytes_total{dir=\"loaded\"} %llu\n",
         LD(c->bytes_saved), LD(c->bytes_loaded));
+    out(&b, "# HELP kvpool_kv_worker_io_seconds_total Time spent in the pool's put and get calls.\n"
+            "# TYPE kvpool_kv_worker_io_seconds_total counter\n"
+            "kvpool_kv_worker_io_seconds_total{dir=\"saved\"} %.6f\n"
+            "kvpool_kv_worker_io_seconds_total{dir=\"loaded\"} %.6f\n",
+        (double)LD(c->save_ns) / 1e9, (double)LD(c->load_ns) / 1e9);
     metric(&b, "save_queue_depth", "gauge", "Save metas queued now.", LD(c->save_queue_depth));
     metric(&b, "save_queue_bytes", "gauge", "Block bytes of the save metas queued now.",
            LD(c->save_queue_bytes));

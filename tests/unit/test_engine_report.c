@@ -269,7 +269,6 @@ static void fill_figures(kvp__replay_run_t *r, uint64_t base, double fbase)
     r->ttft_p99_ms = fbase * 9.8765432;
     r->virtual_s = fbase * 123.456789;
     r->wall_s = fbase * 0.3333333;
-    r->io_s = fbase * 0.1;
     r->modelled_gbps = 25.0;
     r->measured_gbps = fbase * 3.1415926;
 }
