@@ -64,6 +64,9 @@ replay preempt "$T/t.jsonl" --instances 2 --gpu-tokens 40000 --token-budget 1024
 check replay_forced_preemptions_chunked_prefill jcheck preempt "$CLEAN and j['preemptions'] > 0 and j['rejected'] > 0"
 replay sync "$T/t.jsonl" --instances 2 --tp 2 --sync-loads --no-baseline
 check replay_tp2_sync_loads jcheck sync "$CLEAN and j['blocks_loaded'] > 1000"
+# 2 KV heads over 2 ranks: each rank its own key namespace (and cache bytes)
+replay tpkeys "$T/t.jsonl" --instances 2 --model small --tp 2 --gpu-tokens 20000 --limit 20 --no-baseline
+check replay_tp2_own_namespaces jcheck tpkeys "rc == 0 and j['corruptions'] == 0 and j['requests'] + j['rejected'] == 20 and j['blocks_verified'] == j['blocks_loaded'] > 0"
 replay roles "$T/t.jsonl" --instances 2 --roles kv_producer,kv_consumer --async-lookups --no-baseline
 check replay_producer_consumer jcheck roles "$CLEAN and j['pool_hit_tokens'] > 0"
 replay pressure "$T/t.jsonl" --instances 2 --pool 'embedded://?capacity=8MiB' --no-baseline
