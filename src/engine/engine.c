@@ -731,6 +731,11 @@ kvp_status_t kvp__eng_step(kvp__eng_t *e)
             e->load_link_us = start + bytes / e->p.link_bytes_per_us;
             dur += e->load_link_us - t + e->p.lookup_rtt_us;
         }
+        /* A preempted request's blocks are free again and may be written
+         * in this very step, while its saves may still be reading them:
+         * they finish first (the worker's handle_preemptions). */
+        for (uint32_t r = 0; st == KVP_OK && s->npreempted && r < e->p.tp; r++)
+            kvp_kv_worker_drain(e->ranks[r].worker);
         memset(&e->phase, 0, sizeof e->phase);
         e->phase.meta = meta;
         e->phase.finished = e->finished_ids;
