@@ -573,7 +573,7 @@ int kvp__replay_main(const kvp__replay_params_t *p)
     for (size_t k = 0; k < nk; k++, done++) {
         st = do_run(&sh, kinds[k], &outs[k]);
         runs[k] = outs[k].run;
-        if (outs[k].fatal) {
+        if (outs[k].fatal || st != KVP_OK) {
             rc = 1;
             done++;
             break;
