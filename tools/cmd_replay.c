@@ -5,6 +5,9 @@
  *   [--prefill-us-per-token US] [--link-gbps G] [--limit N] [--json]
  *   [--plot FILE.svg] ...`: the engine model and the trace replay
  * (src/engine/replay.c).  Flags and their defaults are in usage().
+ * --debug-corrupt-every N (not in usage: for tests) flips a byte of every
+ * Nth block rank 0 computes, so that its saves are wrong and the loads of
+ * them must be found corrupted.
  */
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,8 @@
 /*
  * One engine instance: vLLM V1's scheduler loop, reduced to what decides
- * which tokens are computed, loaded and saved when (see engine.h).
+ * which tokens are computed, loaded and saved when (see engine.h).  Step 3
+ * (the scheduling itself) is engine_sched.c; the ranks' share of step 4 is
+ * rank.c.
  *
  * A step at virtual time t:
  *   1. the clock's promises: loads and saves whose virtual completion is at
