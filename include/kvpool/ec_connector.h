@@ -392,7 +392,7 @@ KVP_API const char *kvp_ec_state_name(kvp_ec_state_t state);
 typedef enum kvp_ec_error {
     KVP_EC_ERR_NONE = 0,
     KVP_EC_ERR_INDEX,              /* IndexError: feature index out of range */
-    KVP_EC_ERR_VALUE,              /* ValueError: transfer id recorded under another hash */
+    KVP_EC_ERR_VALUE,              /* ValueError: a value that does not parse (an event field) */
     KVP_EC_ERR_RUNTIME,            /* RuntimeError: a cancel submitted after close */
     KVP_EC_ERR_KEY,                /* KeyError */
     KVP_EC_ERR_TYPE,               /* TypeError */

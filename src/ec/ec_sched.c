@@ -303,6 +303,8 @@ static kvp_status_t note_awaiting_push(kvp_ec_sched_t *s, const char *hash, cons
                                                    &r, &e);
     if (st != KVP_OK)
         return fail(s, e == KVP_EC_ERR_NONE ? KVP_EC_ERR_RUNTIME : e, st);
+    if (!r)
+        return KVP_OK; /* the id names another encoding; the request is already failed */
     if (r->state != KVP_EC_WAITING_EVENT)
         return KVP_OK;
     if (!r->has_deadline)

@@ -1,9 +1,10 @@
 /*
  * The transfer table: see ec_table.h for the model.
  *
- * The state table (connectors-spec §3.3).  A transfer is created waiting for
- * the producer's readiness event (or straight from an event that came first,
- * or as a tombstone by a cancel of an id never seen), becomes AVAILABLE when
+ * The state table (connectors-spec §3.3), as the seed's own table (vLLM's
+ * mooncake/state.py) runs it.  A transfer is created waiting for the
+ * producer's readiness event (or straight from an event that came first, or
+ * as a tombstone by a cancel of an id never seen), becomes AVAILABLE when
  * the push landed in a consumer reservation, LOADING when handed to the
  * workers, READY once in the engine's encoder cache, and RESIDENT when the
  * engine frees it but the pool keeps it for a local hand-off.  Every path out
@@ -14,25 +15,50 @@
  *
  *   WAITING_EVENT -> AVAILABLE | UNAVAILABLE | CANCELLED
  *   AVAILABLE     -> LOADING | EXPIRED | CANCELLED
- *   LOADING       -> READY | FAILED | CANCELLED
+ *   LOADING       -> READY | UNAVAILABLE | FAILED | CANCELLED
  *   READY         -> RESIDENT | EXPIRED
  *   RESIDENT      -> LOADING | EXPIRED
  *   UNAVAILABLE   -> CANCELLED
  *   EXPIRED       -> CANCELLED
  *   FAILED, CANCELLED: none
+ *
+ * state.py checks no table in its _transition; this list is every transition
+ * its operations make (from the seed's calls), and set_state rejects the rest.
+ * Six behaviours of state.py differ from a table inferred from the spec alone,
+ * and are the ones kept here:
+ *   1. expire() times a LOADING record out at the deadline begin_load gave
+ *      it (the workers never reported): -> UNAVAILABLE, its request reported
+ *      unavailable, and the id returned so the scheduler cancels it.
+ *   2. expire() walks the non-terminal records in insertion order (not
+ *      record order), so the ids it returns come in that order.
+ *   3. observe_ready() for an id that names another mm_hash keeps the record,
+ *      reports the record's request unavailable and does not accept.
+ *   4. wait_for_event() for an id that names another mm_hash gives no record
+ *      and reports the waiting request unavailable (no error is raised).
+ *   5. cancel(tid, hash) of a record whose non-empty hash is not the given
+ *      non-empty hash does nothing (and cancels nothing).
+ *   6. drain_orphaned() hands back every id retired out of READY/RESIDENT,
+ *      unfiltered: an id removed since becomes, through the scheduler's
+ *      cancel, a new hash-less CANCELLED tombstone with a remote cancel.
+ * Also as state.py: observe_ready() keys the record by the event's transfer id
+ * alone, and release_ready()'s canonical record is the last READY one in
+ * hash-index order.
  */
 #include "ec/ec_table.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/assert.h"
+#include "common/log.h"
 
 static const uint16_t g_allowed[KVP_EC_NUM_STATES] = {
     [KVP_EC_WAITING_EVENT] = KVP__EC_S(KVP_EC_AVAILABLE) | KVP__EC_S(KVP_EC_UNAVAILABLE) | KVP__EC_S(KVP_EC_CANCELLED),
     [KVP_EC_AVAILABLE] = KVP__EC_S(KVP_EC_LOADING) | KVP__EC_S(KVP_EC_EXPIRED) | KVP__EC_S(KVP_EC_CANCELLED),
-    [KVP_EC_LOADING] = KVP__EC_S(KVP_EC_READY) | KVP__EC_S(KVP_EC_FAILED) | KVP__EC_S(KVP_EC_CANCELLED),
+    [KVP_EC_LOADING] = KVP__EC_S(KVP_EC_READY) | KVP__EC_S(KVP_EC_UNAVAILABLE) | KVP__EC_S(KVP_EC_FAILED) |
+                       KVP__EC_S(KVP_EC_CANCELLED),
     [KVP_EC_READY] = KVP__EC_S(KVP_EC_RESIDENT) | KVP__EC_S(KVP_EC_EXPIRED),
     [KVP_EC_RESIDENT] = KVP__EC_S(KVP_EC_LOADING) | KVP__EC_S(KVP_EC_EXPIRED),
     [KVP_EC_UNAVAILABLE] = KVP__EC_S(KVP_EC_CANCELLED),
@@ -111,7 +137,6 @@ void kvp__ec_table_init(kvp__ec_table_t *t, int64_t resident_capacity, int64_t t
     for (int s = 0; s < KVP_EC_NUM_STATES; s++)
         kvp__list_init(&t->states[s]);
     kvp__strmap_init(&t->unavailable);
-    kvp__strmap_init(&t->orphan_set);
 }
 
 static void rec_free(kvp__ec_rec_t *r)
@@ -138,7 +163,6 @@ void kvp__ec_table_cleanup(kvp__ec_table_t *t)
     kvp__strmap_cleanup(&t->records);
     kvp__strmap_cleanup(&t->hashes);
     kvp__strset_cleanup(&t->unavailable);
-    kvp__strset_cleanup(&t->orphan_set);
     kvp__ec_strv_free(t->orphans, t->cap_orphans);
     memset(t, 0, sizeof *t);
 }
@@ -240,6 +264,7 @@ static kvp_status_t insert(kvp__ec_table_t *t, const char *tid, const char *req,
         kvp__list_add_tail(&h->recs, &r->hlink);
     }
     order_append(t, r);
+    r->ins_seq = r->seq;
     account(t, r, +1);
     t->version++;
     *rec_p = r;
@@ -355,6 +380,23 @@ static kvp_status_t notify_unavailable(kvp__ec_table_t *t, kvp__ec_rec_t *r, con
     return KVP_OK;
 }
 
+/* A record of no hash takes any; otherwise the hashes must be equal. */
+static bool identity_matches(const kvp__ec_rec_t *r, const char *hash)
+{
+    return !r->hash[0] || !strcmp(r->hash, hash);
+}
+
+/* A transfer id that already names another encoding reaches us from outside
+ * (ids come on the request), so it fails the one request instead of raising:
+ * the request is reported unavailable (directly, not as a notification of
+ * the record, which belongs to its own request). */
+static kvp_status_t refuse_colliding_id(kvp__ec_table_t *t, const kvp__ec_rec_t *r, const char *hash, const char *req)
+{
+    kvp_warn("EC transfer_id=%s already names mm_hash=%.16s; refusing mm_hash=%.16s for request %s", r->tid, r->hash,
+             hash, req[0] ? req : "<unknown>");
+    return req[0] ? kvp__strset_add(&t->unavailable, req, NULL) : KVP_OK;
+}
+
 static kvp_status_t set_err(kvp_ec_error_t *err_p, kvp_ec_error_t e, kvp_status_t st)
 {
     if (err_p)
@@ -370,8 +412,12 @@ kvp_status_t kvp__ec_table_wait_for_event(kvp__ec_table_t *t, const char *tid, c
         kvp_status_t st = insert(t, tid, req, hash, KVP_EC_WAITING_EVENT, true, deadline, rec_p);
         return st == KVP_OK ? st : set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
     }
-    if (r->hash[0] && strcmp(r->hash, hash) != 0)
-        return set_err(err_p, KVP_EC_ERR_VALUE, KVP_ERR_STATE);
+    if (!identity_matches(r, hash)) {
+        /* the id names another encoding: that request fails, no record (#4) */
+        *rec_p = NULL;
+        kvp_status_t st = refuse_colliding_id(t, r, hash, req);
+        return st == KVP_OK ? st : set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
+    }
     set_req_if_empty(t, r, req);
     if (kvp__ec_state_terminal(r->state) && req[0]) {
         kvp_status_t st = notify_unavailable(t, r, req);
@@ -386,7 +432,8 @@ kvp_status_t kvp__ec_table_observe_ready(kvp__ec_table_t *t, kvp__ec_spec_t *spe
                                          kvp_ec_error_t *err_p)
 {
     *accepted_p = false;
-    const char *key = spec->transfer_id[0] ? spec->transfer_id : spec->mm_hash;
+    /* keyed by the event's transfer id alone, even when that is "" */
+    const char *key = spec->transfer_id;
     kvp__ec_rec_t *r = kvp__ec_table_get(t, key);
     if (!r) {
         kvp_status_t st = insert(t, key, "", spec->mm_hash, KVP_EC_WAITING_EVENT, false, 0, &r);
@@ -394,9 +441,11 @@ kvp_status_t kvp__ec_table_observe_ready(kvp__ec_table_t *t, kvp__ec_spec_t *spe
             kvp__ec_spec_free(spec);
             return set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
         }
-    } else if (r->hash[0] && strcmp(r->hash, spec->mm_hash) != 0) {
+    } else if (!identity_matches(r, spec->mm_hash)) {
+        /* another encoding under this id: the record stays, its request fails (#3) */
+        kvp_status_t st = refuse_colliding_id(t, r, spec->mm_hash, r->req);
         kvp__ec_spec_free(spec);
-        return set_err(err_p, KVP_EC_ERR_VALUE, KVP_ERR_STATE);
+        return st == KVP_OK ? st : set_err(err_p, KVP_EC_ERR_NO_MEMORY, st);
     }
     if (r->state != KVP_EC_WAITING_EVENT) {
         kvp__ec_spec_free(spec);
@@ -480,8 +529,6 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
     kvp_status_t st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
     if (st != KVP_OK)
         return st;
-    if (kvp__strset_has(&t->orphan_set, r->tid))
-        return KVP_OK;
     char **nv = kvp__grow(t->orphans, &t->cap_orphans, t->n_orphans + 1, sizeof *nv, 8);
     if (!nv)
         return KVP_ERR_NO_MEMORY;
@@ -489,11 +536,6 @@ static kvp_status_t expire_orphan(kvp__ec_table_t *t, kvp__ec_rec_t *r, int64_t 
     char *c = kvp__strdup(r->tid);
     if (!c)
         return KVP_ERR_NO_MEMORY;
-    st = kvp__strset_add(&t->orphan_set, r->tid, NULL);
-    if (st != KVP_OK) {
-        kvp__strfree(c);
-        return st;
-    }
     t->orphans[t->n_orphans++] = c;
     return KVP_OK;
 }
@@ -514,10 +556,10 @@ kvp_status_t kvp__ec_table_release_ready(kvp__ec_table_t *t, const char *hash, i
 {
     kvp__ec_hent_t *h = kvp__strmap_gets(&t->hashes, hash);
     if (h && h->count[KVP_EC_READY]) {
-        /* The canonical record is the newest READY one: latest in record order. */
+        /* The canonical record is the last READY one in hash-index order. */
         kvp__ec_rec_t *canon = NULL;
         KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink)
-            if (r->state == KVP_EC_READY && (!canon || r->seq > canon->seq))
+            if (r->state == KVP_EC_READY)
                 canon = r;
         KVP_LIST_FOR_EACH_ENTRY(r, &h->recs, kvp__ec_rec_t, hlink) {
             if (r == canon || (r->state != KVP_EC_READY && r->state != KVP_EC_RESIDENT))
@@ -576,6 +618,8 @@ kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t n
 {
     *cancelled_p = false;
     kvp__ec_rec_t *r = kvp__ec_table_get(t, tid);
+    if (r && hash && hash[0] && !identity_matches(r, hash))
+        return KVP_OK; /* the id names another encoding: not this cancel's (#5) */
     if (!r) {
         kvp_status_t st = insert(t, tid, req, hash, KVP_EC_WAITING_EVENT, false, 0, &r);
         if (st != KVP_OK)
@@ -598,35 +642,78 @@ kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t n
     return KVP_OK;
 }
 
+static int by_insertion(const void *a, const void *b)
+{
+    uint64_t x = (*(kvp__ec_rec_t *const *)a)->ins_seq, y = (*(kvp__ec_rec_t *const *)b)->ins_seq;
+    return x < y ? -1 : x > y;
+}
+
+/* The AVAILABLE and LOADING records whose deadline has passed, in insertion
+ * order: *n_p of them in an array of *cap_p (kvp__free(.., *cap_p * sizeof)). */
+static kvp_status_t due_records(kvp__ec_table_t *t, int64_t now, kvp__ec_rec_t ***recs_p, size_t *n_p, size_t *cap_p)
+{
+    static const kvp_ec_state_t due_states[2] = {KVP_EC_AVAILABLE, KVP_EC_LOADING};
+    kvp__ec_rec_t **v = NULL;
+    size_t n = 0, cap = 0;
+    for (int k = 0; k < 2; k++) {
+        KVP_LIST_FOR_EACH_ENTRY(r, &t->states[due_states[k]], kvp__ec_rec_t, slink) {
+            if (!r->has_deadline || r->deadline > now)
+                continue;
+            kvp__ec_rec_t **nv = kvp__grow(v, &cap, n + 1, sizeof *nv, 8);
+            if (!nv) {
+                kvp__free(v, cap * sizeof *v);
+                return KVP_ERR_NO_MEMORY;
+            }
+            v = nv;
+            v[n++] = r;
+        }
+    }
+    if (n > 1)
+        qsort(v, n, sizeof *v, by_insertion);
+    *recs_p = v;
+    *n_p = n;
+    *cap_p = cap;
+    return KVP_OK;
+}
+
 kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t terminal_limit, char ***out_p, size_t *n_p)
 {
     char **out = NULL;
     size_t n = 0, cap = 0;
-    kvp_status_t st = KVP_OK;
-    /* 1. AVAILABLE records whose lease ran out -> EXPIRED, in record order
-     * (the AVAILABLE list is in record order; deadlines there are not sorted,
-     * since touch_available extends them). */
-    KVP_LIST_FOR_EACH_ENTRY_SAFE(r, next, &t->states[KVP_EC_AVAILABLE], kvp__ec_rec_t, slink) {
-        if (r->has_deadline && r->deadline <= now) {
-            char **nv = kvp__grow(out, &cap, n + 1, sizeof *nv, 8);
-            if (!nv) {
-                st = KVP_ERR_NO_MEMORY;
-                break;
-            }
-            out = nv;
-            char *c = kvp__strdup(r->tid);
-            if (!c) {
-                st = KVP_ERR_NO_MEMORY;
-                break;
-            }
-            st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
-            if (st != KVP_OK) {
-                kvp__strfree(c);
-                break;
-            }
-            out[n++] = c;
+    /* 1. Non-terminal records past their deadline, in insertion order (the
+     * original walks its active ids, which keep insertion order; only
+     * AVAILABLE and LOADING records act, so only their lists are read and
+     * the few that are due sorted by insertion): an AVAILABLE lease that ran
+     * out -> EXPIRED; a LOADING record whose begin_load deadline passed (the
+     * workers never reported) -> UNAVAILABLE, its request reported
+     * unavailable.  Both are returned, so the caller cancels them. */
+    kvp__ec_rec_t **due = NULL;
+    size_t n_due = 0, due_cap = 0;
+    kvp_status_t st = due_records(t, now, &due, &n_due, &due_cap);
+    for (size_t i = 0; st == KVP_OK && i < n_due; i++) {
+        kvp__ec_rec_t *r = due[i];
+        char **nv = kvp__grow(out, &cap, n + 1, sizeof *nv, 8);
+        if (!nv) {
+            st = KVP_ERR_NO_MEMORY;
+            break;
         }
+        out = nv;
+        char *c = kvp__strdup(r->tid);
+        if (!c) {
+            st = KVP_ERR_NO_MEMORY;
+            break;
+        }
+        if (r->state == KVP_EC_AVAILABLE)
+            st = kvp__ec_table_set_state(t, r, KVP_EC_EXPIRED, now);
+        else
+            st = kvp__ec_table_mark_unavailable(t, r->tid, now);
+        if (st != KVP_OK) {
+            kvp__strfree(c);
+            break;
+        }
+        out[n++] = c;
     }
+    kvp__free(due, due_cap * sizeof *due);
     /* 2. tombstones past their deadline are removed.  A terminal list is
      * sorted by deadline (entered at the current time + one TTL), so this
      * pops heads; the records expired just above carry now + TTL and stay.
@@ -686,29 +773,15 @@ kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__strset_t *i
 
 kvp_status_t kvp__ec_table_drain_orphaned(kvp__ec_table_t *t, char ***out_p, size_t *n_p)
 {
-    char **out = NULL;
-    size_t n = 0;
-    kvp_status_t st = KVP_OK;
-    if (t->n_orphans) {
-        out = kvp__calloc(t->n_orphans, sizeof *out);
-        if (!out)
-            st = KVP_ERR_NO_MEMORY;
-    }
-    for (size_t i = 0; i < t->n_orphans; i++) {
-        kvp__ec_rec_t *r = kvp__ec_table_get(t, t->orphans[i]);
-        if (out && r && r->state == KVP_EC_EXPIRED) {
-            out[n++] = t->orphans[i];
-            t->orphans[i] = NULL;
-        }
-        kvp__strfree(t->orphans[i]);
+    /* Every id retired to EXPIRED out of READY/RESIDENT since the last drain,
+     * unfiltered: one removed since (or re-created, or cancelled) is handed
+     * back too, and the caller's cancel decides (a removed id becomes a new
+     * hash-less CANCELLED tombstone).  The list is handed over whole. */
+    *out_p = t->orphans;
+    *n_p = t->cap_orphans; /* the first n_orphans slots used, then NULLs */
+    for (size_t i = t->n_orphans; i < t->cap_orphans; i++)
         t->orphans[i] = NULL;
-    }
-    size_t total = t->n_orphans;
-    t->n_orphans = 0;
-    kvp__strset_clear(&t->orphan_set);
-    *out_p = out;
-    *n_p = out ? total : 0; /* the array holds total slots, the first n used */
-    /* Callers iterate until the first NULL; kvp__ec_strv_free(out, total). */
-    (void)n;
-    return st;
+    t->orphans = NULL;
+    t->n_orphans = t->cap_orphans = 0;
+    return KVP_OK;
 }

@@ -1,12 +1,15 @@
 /*
- * The scheduler's transfer table (connectors-spec §3.3) as an explicit state
- * machine: one state enum (kvp_ec_state_t, public), one set-state
+ * The scheduler's transfer table (connectors-spec §3.3), following the seed's
+ * own table (SchedulerTransferTable of vLLM's mooncake/state.py), as an
+ * explicit state machine: one state enum (kvp_ec_state_t, public), one set-state
  * (kvp__ec_table_set_state) that rejects every transition not in the table,
  * and the operations the scheduler drives it with.
  *
  * Records keep three orders:
  *   - the record order (an OrderedDict in the original): insertion, and every
  *     transition moves the record to the end;
+ *   - the insertion order (ins_seq, set once), the order expire() walks the
+ *     non-terminal records in;
  *   - the hash index: per non-empty mm_hash, its ids in insertion order,
  *     with a count per state so "is any record of H in states S" is O(1);
  *   - the dispatch queue of LOADING records not yet handed to the workers.
@@ -53,6 +56,7 @@ typedef struct kvp__ec_rec {
     char **notified; /* requests told this record is unavailable */
     size_t n_notified, cap_notified;
     uint64_t seq;        /* position in record order (grows) */
+    uint64_t ins_seq;    /* position in insertion order (set once) */
     kvp__list_t order;   /* on the table's record order */
     kvp__list_t hlink;   /* on its hash entry's records, in hash-index order */
     kvp__ec_hent_t *hent;
@@ -79,10 +83,9 @@ typedef struct {
     size_t n_terminal;
     __int128 resident_bytes;
     kvp__strset_t unavailable;
-    /* ids retired to EXPIRED outside expire(), for drain_orphaned() */
+    /* ids retired to EXPIRED out of READY/RESIDENT, for drain_orphaned() */
     char **orphans;
     size_t n_orphans, cap_orphans;
-    kvp__strset_t orphan_set;
     uint64_t version;
     uint64_t next_seq;
 } kvp__ec_table_t;
@@ -95,7 +98,7 @@ static inline bool kvp__ec_state_terminal(kvp_ec_state_t s)
     return s == KVP_EC_UNAVAILABLE || s == KVP_EC_EXPIRED || s == KVP_EC_FAILED || s == KVP_EC_CANCELLED;
 }
 
-/* Is from -> to in the §3.3 table? */
+/* Is from -> to in the table (state.py's transitions)? */
 bool kvp__ec_transition_allowed(kvp_ec_state_t from, kvp_ec_state_t to);
 
 void kvp__ec_table_init(kvp__ec_table_t *t, int64_t resident_capacity, int64_t tombstone_ttl_ms);
@@ -128,15 +131,18 @@ kvp_status_t kvp__ec_table_reclaim(kvp__ec_table_t *t, const char *hash, int64_t
 kvp_status_t kvp__ec_table_mark_unavailable(kvp__ec_table_t *t, const char *tid, int64_t now);
 kvp_status_t kvp__ec_table_cancel(kvp__ec_table_t *t, const char *tid, int64_t now, const char *hash, const char *req,
                                   bool *cancelled_p);
-/* AVAILABLE records past their deadline -> EXPIRED (their ids returned, in
- * order, owned copies); terminal ones past it removed; then the terminal
- * cap.  *out_p freed with kvp__ec_strv_free. */
+/* Non-terminal records past their deadline, in insertion order: AVAILABLE
+ * -> EXPIRED, LOADING -> UNAVAILABLE (its request reported unavailable);
+ * their ids are returned in that order (owned copies) for the caller to
+ * cancel.  Then terminal ones past their deadline are removed, then the
+ * terminal cap.  *out_p freed with kvp__ec_strv_free. */
 kvp_status_t kvp__ec_table_expire(kvp__ec_table_t *t, int64_t now, int64_t terminal_limit, char ***out_p, size_t *n_p);
 /* Moves the unavailable request set into *out (sorted). */
 kvp_status_t kvp__ec_table_take_unavailable(kvp__ec_table_t *t, kvp__strset_t *into);
-/* The ids release_ready / reclaim / eviction retired to EXPIRED since the
- * last call that are still present and EXPIRED, in that order.  *out_p has
- * *n_p slots: the ids first, then NULLs; free with kvp__ec_strv_free. */
+/* Every id release_ready / reclaim / eviction retired to EXPIRED since the
+ * last call, in that order, unfiltered (an id may since have been removed,
+ * re-created or cancelled; it may appear twice).  *out_p has *n_p slots: the
+ * ids first, then NULLs; free with kvp__ec_strv_free. */
 kvp_status_t kvp__ec_table_drain_orphaned(kvp__ec_table_t *t, char ***out_p, size_t *n_p);
 
 void kvp__ec_strv_free(char **v, size_t n);

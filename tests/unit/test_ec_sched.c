@@ -507,11 +507,13 @@ TEST(test_ec_bad_hooks_never_abort)
     ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_INDEX);
     ASSERT_EQ(kvp_ec_sched_update_state_after_free(f.s, &o.req, 5), KVP_ERR_INVALID_ARG);
     ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_INDEX);
-    /* a wrong-hash event before anyone waited, then a wait: ValueError */
+    /* a wrong-hash event before anyone waited, then a wait: the request
+     * fails (false, reported unavailable), no error (state.py) */
     ready_event(&f, "T", "WRONG", 5500);
-    bool ok;
-    ASSERT_EQ(kvp_ec_sched_ensure_cache_available(f.s, &o.req, 0, &ok), KVP_ERR_STATE);
-    ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_VALUE);
+    bool ok = true;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(f.s, &o.req, 0, &ok));
+    ASSERT(!ok);
+    ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_NONE);
     /* hooks after close that queue a cancel: RuntimeError, the record already CANCELLED */
     kvp_ec_sched_close(f.s);
     oreq_t o2;
@@ -520,6 +522,188 @@ TEST(test_ec_bad_hooks_never_abort)
     ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_RUNTIME);
     ASSERT_EQ(state(&f, "T2"), KVP_EC_CANCELLED);
     kvp_ec_sched_close(f.s); /* twice is fine */
+    fx_free(&f);
+}
+
+/* ---- the six behaviours of the seed's table (state.py) -------------------
+ * Each modelled on the smallest stream of ecsched-ref's README, "The real
+ * table" (push_wait_timeout_s here is 10 s). */
+
+static void take_unavailable(fx_t *f, const char *want)
+{
+    kvp_ec_strlist_t l;
+    ASSERT_OK(kvp_ec_sched_take_unavailable_requests(f->s, &l));
+    ASSERT_EQ(l.n, want ? 1 : 0);
+    if (want)
+        ASSERT_STR_EQ(l.v[0], want);
+    kvp_ec_strlist_cleanup(&l);
+}
+
+static bool has_item(fx_t *f, const char *hash)
+{
+    bool has;
+    f->clock.now_ms += 5; /* past the drain's rate limit */
+    ASSERT_OK(kvp_ec_sched_has_cache_item(f->s, hash, &has));
+    return has;
+}
+
+/* #1: a LOADING record the workers never reported times out at the deadline
+ * begin_load gave it: UNAVAILABLE, its request reported, a cancel queued. */
+TEST(test_table_expire_times_out_loading)
+{
+    fx_t f;
+    fx_init(&f, false, true, 1, 1 << 20);
+    oreq_t o;
+    mkreq(&o, "r1", "H1", "T1", NULL);
+    ready_event(&f, "T1", "H1", 5500);
+    f.clock.now_ms = 100;
+    ASSERT(!ensure(&f, &o.req));
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_LOADING);
+    ASSERT_EQ(kvp__ec_table_get(kvp__ec_sched_table(f.s), "T1")->deadline, 100 + 10000);
+    f.clock.now_ms = 100 + 10000 - 6;
+    ASSERT(!has_item(&f, "H1")); /* one ms before the deadline: still LOADING */
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_LOADING);
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 0);
+    take_unavailable(&f, NULL);
+    ASSERT(!has_item(&f, "H1")); /* at the deadline */
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_CANCELLED); /* UNAVAILABLE, then the queued cancel */
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 1);
+    ASSERT_STR_EQ(f.exec.jobs[0].tid, "T1");
+    take_unavailable(&f, "r1");
+    fx_free(&f);
+}
+
+static void mkreq2(oreq_t *o, const char *rid, const char *h0, const char *t0, const char *h1, const char *t1)
+{
+    memset(o, 0, sizeof *o);
+    o->feat[0] = (kvp_ec_feature_t){h0, "image", 0, 16, 16};
+    o->feat[1] = (kvp_ec_feature_t){h1, "image", 16, 16, 16};
+    o->items[0] = (kvp_ec_item_t){h0, t0};
+    o->items[1] = (kvp_ec_item_t){h1, t1};
+    o->params.items = o->items;
+    o->params.n_items = 2;
+    o->req = (kvp_ec_request_t){rid, o->feat, 2, &o->params};
+}
+
+/* #2: expire walks the non-terminal records in insertion order: two leases
+ * running out in one drain are cancelled T1 then T2, although T1 became
+ * AVAILABLE last (and so is last in record order). */
+TEST(test_table_expire_insertion_order)
+{
+    fx_t f;
+    fx_init(&f, false, true, 1, 1 << 20);
+    oreq_t o;
+    mkreq2(&o, "r1", "H1", "T1", "H2", "T2");
+    ASSERT(!ensure(&f, &o.req)); /* T1 then T2 inserted, WAITING_EVENT */
+    ready_event(&f, "T2", "H2", 5500);
+    ready_event(&f, "T1", "H1", 5500);
+    ASSERT(has_item(&f, "H1"));
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_AVAILABLE);
+    ASSERT_EQ(state(&f, "T2"), KVP_EC_AVAILABLE);
+    kvp__ec_table_t *t = kvp__ec_sched_table(f.s);
+    ASSERT_STR_EQ(KVP_LIST_FIRST_ENTRY(&t->order, kvp__ec_rec_t, order)->tid, "T2");
+    f.clock.now_ms += 300000;
+    ASSERT(!has_item(&f, "H1"));
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 2);
+    ASSERT_STR_EQ(f.exec.jobs[0].tid, "T1");
+    ASSERT_STR_EQ(f.exec.jobs[1].tid, "T2");
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_CANCELLED);
+    ASSERT_EQ(state(&f, "T2"), KVP_EC_CANCELLED);
+    fx_free(&f);
+}
+
+/* #3: a ready event whose mm_hash is not the record's keeps the record (and
+ * its hash) and fails the record's request instead of being dropped as an
+ * error. */
+TEST(test_ready_other_hash_reports_unavailable)
+{
+    fx_t f;
+    fx_init(&f, false, true, 1, 1 << 20);
+    oreq_t o;
+    mkreq(&o, "r1", "H1", "T1", NULL);
+    ASSERT(!ensure(&f, &o.req));
+    ready_event(&f, "T1", "H9", 5500);
+    ASSERT(!has_item(&f, "H1"));
+    ASSERT(!has_item(&f, "H9"));
+    kvp__ec_rec_t *r = kvp__ec_table_get(kvp__ec_sched_table(f.s), "T1");
+    ASSERT_EQ(r->state, KVP_EC_WAITING_EVENT);
+    ASSERT_STR_EQ(r->hash, "H1");
+    ASSERT(r->spec == NULL);
+    ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_NONE);
+    take_unavailable(&f, "r1");
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 0);
+    fx_free(&f);
+}
+
+/* #4: a wait for an id that already names another mm_hash answers false and
+ * fails the request; no ValueError, and the record is untouched. */
+TEST(test_wait_other_hash_returns_false)
+{
+    fx_t f;
+    fx_init(&f, false, true, 1, 1 << 20);
+    ready_event(&f, "T1", "H9", 5500);
+    oreq_t o;
+    mkreq(&o, "r1", "H1", "T1", NULL);
+    bool ok = true;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(f.s, &o.req, 0, &ok));
+    ASSERT(!ok);
+    ASSERT_EQ(kvp_ec_sched_error(f.s), KVP_EC_ERR_NONE);
+    kvp__ec_rec_t *r = kvp__ec_table_get(kvp__ec_sched_table(f.s), "T1");
+    ASSERT_EQ(r->state, KVP_EC_AVAILABLE);
+    ASSERT_STR_EQ(r->hash, "H9");
+    ASSERT_STR_EQ(r->req, "");
+    take_unavailable(&f, "r1");
+    fx_free(&f);
+}
+
+/* #5: cancel(tid, H) of a record whose hash is another one does nothing: a
+ * request whose two features resolve (by position) to one id cancels it
+ * only through the feature of the record's own hash. */
+TEST(test_cancel_other_hash_noop)
+{
+    fx_t f;
+    fx_init(&f, false, true, 1, 1 << 20);
+    oreq_t o;
+    mkreq2(&o, "r1", "H1", "T1", "H2", "T1");
+    o.items[0].mm_hash = o.items[1].mm_hash = NULL; /* matched by position */
+    ready_event(&f, "T1", "H1", 5500);
+    ASSERT(has_item(&f, "H1"));
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_AVAILABLE);
+    ASSERT_OK(kvp_ec_sched_update_state_after_free(f.s, &o.req, 1));
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_AVAILABLE);
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 0);
+    ASSERT_OK(kvp_ec_sched_update_state_after_free(f.s, &o.req, 0));
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_CANCELLED);
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 1);
+    fx_free(&f);
+}
+
+/* #6: drain_orphaned hands back every id retired out of READY/RESIDENT, also
+ * one the terminal cap removed since: it comes back as a new hash-less
+ * CANCELLED tombstone, with a remote cancel. */
+TEST(test_drain_orphaned_unfiltered)
+{
+    fx_t f;
+    fx_init(&f, false, true, 1, 1 << 20);
+    f.s->max_terminal = 0;
+    load_to_ready(&f, "r1", "T1", "H1");
+    kvp_ec_meta_t m;
+    build(&f, "H1", &m);
+    kvp_ec_meta_cleanup(&m);
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_RESIDENT);
+    worker(&f, NULL, NULL, "H1", false);
+    ASSERT_EQ(state(&f, "T1"), KVP_EC_EXPIRED);
+    ASSERT(!has_item(&f, "H1"));
+    ASSERT(!has_rec(&f, "T1")); /* the cap (0) removed it */
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 0);
+    build(&f, NULL, &m);
+    kvp_ec_meta_cleanup(&m);
+    kvp__ec_rec_t *r = kvp__ec_table_get(kvp__ec_sched_table(f.s), "T1");
+    ASSERT(r != NULL);
+    ASSERT_EQ(r->state, KVP_EC_CANCELLED);
+    ASSERT_STR_EQ(r->hash, "");
+    ASSERT_EQ(kvp__ec_sexec_count(&f.exec), 1);
+    ASSERT_STR_EQ(f.exec.jobs[0].tid, "T1");
     fx_free(&f);
 }
 
@@ -605,4 +789,7 @@ TEST_LIST(T(test_ec_s33_single_shard_event_then_load), T(test_ec_s34_push_wait_t
           T(test_ec_s43_producer_fallback_id_and_push_dedup), T(test_ec_s44_transfer_id_resolution),
           T(test_ec_s45_request_finished_producer_items_consumer_cancels), T(test_ec_s46_config_validation),
           T(test_ec_s47_pending_push_work_follows_worker_meta), T(test_ec_bad_hooks_never_abort),
+          T(test_table_expire_times_out_loading), T(test_table_expire_insertion_order),
+          T(test_ready_other_hash_reports_unavailable), T(test_wait_other_hash_returns_false),
+          T(test_cancel_other_hash_noop), T(test_drain_orphaned_unfiltered),
           T(test_ec_worker_meta_that_does_not_decode), T(test_ec_sched_randomized_no_revival))
