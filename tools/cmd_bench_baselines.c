@@ -40,6 +40,7 @@
 
 #include "commands.h"
 #include "common/clock.h"
+#include "common/mix.h"
 #include "common/units.h"
 
 #define FOOTPRINT_MAX (16ull << 30) /* sources + destinations */
@@ -83,19 +84,11 @@ struct bl_run {
     char key_prefix[64];
 };
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void fill(char *p, uint64_t size, uint64_t seed)
 {
     uint64_t s = seed, i = 0;
     for (; i + 8 <= size; i += 8) {
-        uint64_t v = splitmix(&s);
+        uint64_t v = kvp__splitmix64(&s);
         memcpy(p + i, &v, 8);
     }
     for (; i < size; i++)
@@ -527,7 +520,7 @@ int kvp_cmd_bench_baseline(int argc, char **argv)
         for (uint64_t i = 0; i < n; i++)
             r.order[i] = i;
         for (uint64_t i = n; i > 1; i--) {
-            uint64_t j = splitmix(&seed) % i, tmp = r.order[i - 1];
+            uint64_t j = kvp__splitmix64(&seed) % i, tmp = r.order[i - 1];
             r.order[i - 1] = r.order[j];
             r.order[j] = tmp;
         }

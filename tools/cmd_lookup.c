@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "common/units.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "kvpool/hash.h"
@@ -54,20 +55,6 @@ static int fail(const lk_opts_t *o, const char *what, const char *arg)
     return 2;
 }
 
-/* Strict unsigned decimal in [lo, hi]. */
-static int parse_num(const char *s, uint64_t lo, uint64_t hi, uint64_t *v_p)
-{
-    if (!s || *s < '0' || *s > '9')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *v_p = v;
-    return 0;
-}
-
 /* One group of --groups: KIND:BLOCK_SIZE[:window=N][:align][:eagle]. */
 static int parse_group(char *spec, kvp_kv_cache_group_t *g)
 {
@@ -82,13 +69,13 @@ static int parse_group(char *spec, kvp_kv_cache_group_t *g)
     while (k < 4 && strcmp(kind, kinds[k].name) != 0)
         k++;
     uint64_t v;
-    if (k == 4 || parse_num(bs, 1, 1u << 30, &v) != 0)
+    if (k == 4 || kvp__parse_u64(bs, 1, 1u << 30, &v) != 0)
         return -1;
     g->kind = kinds[k].kind;
     g->block_size = (int64_t)v;
     for (char *opt; (opt = strtok_r(NULL, ":", &save));) {
         if (strncmp(opt, "window=", 7) == 0 && g->kind == KVP_KV_GROUP_SLIDING_WINDOW &&
-            parse_num(opt + 7, 1, 1ull << 40, &v) == 0)
+            kvp__parse_u64(opt + 7, 1, 1ull << 40, &v) == 0)
             g->sliding_window = (int64_t)v;
         else if (strcmp(opt, "align") == 0 && g->kind == KVP_KV_GROUP_MAMBA)
             g->mamba_align_mode = true;
@@ -154,15 +141,15 @@ static int parse_opt(lk_opts_t *o, int argc, char **argv, int *i)
     case 5: return kvp_hash_algo_parse(v, &o->algo) == KVP_OK ? 1 : fail(o, "bad --algo", v);
     case 10: return parse_groups(o, v) == 0 ? 1 : 2;
     case 11:
-        return parse_num(v, 1, 3600000, &o->timeout_ms) == 0 ? 1 : fail(o, "bad --timeout-ms", v);
+        return kvp__parse_u64(v, 1, 3600000, &o->timeout_ms) == 0 ? 1 : fail(o, "bad --timeout-ms", v);
     case 12:
-        return parse_num(v, 1, 1000000, &o->repeat) == 0 ? 1 : fail(o, "bad --repeat", v);
+        return kvp__parse_u64(v, 1, 1000000, &o->repeat) == 0 ? 1 : fail(o, "bad --repeat", v);
     case 13:
-        return parse_num(v, 0, 3600000, &o->interval_ms) == 0 ? 1 : fail(o, "bad --interval-ms", v);
+        return kvp__parse_u64(v, 0, 3600000, &o->interval_ms) == 0 ? 1 : fail(o, "bad --interval-ms", v);
     case 14:
-        return parse_num(v, 0, 65535, &o->metrics_port) == 0 ? 1 : fail(o, "bad --metrics-port", v);
+        return kvp__parse_u64(v, 0, 65535, &o->metrics_port) == 0 ? 1 : fail(o, "bad --metrics-port", v);
     default:
-        return parse_num(v, 1, 1u << 30, num[k - 6]) == 0 ? 1 : fail(o, "bad value of", a);
+        return kvp__parse_u64(v, 1, 1u << 30, num[k - 6]) == 0 ? 1 : fail(o, "bad value of", a);
     }
 }
 

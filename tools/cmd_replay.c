@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "common/log.h"
+#include "common/units.h"
 #include "engine/replay.h"
 
 static int usage(FILE *out)
@@ -48,19 +49,6 @@ static int usage(FILE *out)
             "  --json                     one compact JSON object as the last line of stdout\n"
             "  --plot FILE.svg            hit rate and TTFT p50 over trace time\n");
     return out == stdout ? 0 : 2;
-}
-
-static bool num_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
-{
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        return false;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || *end || x < lo || x > hi)
-        return false;
-    *v = x;
-    return true;
 }
 
 static bool num_f(const char *s, double lo, double hi, double *v)
@@ -116,23 +104,23 @@ int kvp_cmd_replay(int argc, char **argv)
         else if (!strcmp(a, "--plot"))
             ok = v && (p.plot = v);
         else if (!strcmp(a, "--instances"))
-            ok = num_u64(v, 1, KVP__REPLAY_MAX_INSTANCES, &u), p.instances = (uint32_t)u;
+            ok = kvp__parse_u64(v, 1, KVP__REPLAY_MAX_INSTANCES, &u) == KVP_OK, p.instances = (uint32_t)u;
         else if (!strcmp(a, "--tp"))
-            ok = num_u64(v, 1, 64, &u), p.tp = (uint32_t)u;
+            ok = kvp__parse_u64(v, 1, 64, &u) == KVP_OK, p.tp = (uint32_t)u;
         else if (!strcmp(a, "--block-size"))
-            ok = num_u64(v, 1, 512, &u), p.block_size = (int64_t)u;
+            ok = kvp__parse_u64(v, 1, 512, &u) == KVP_OK, p.block_size = (int64_t)u;
         else if (!strcmp(a, "--gpu-tokens"))
-            ok = num_u64(v, 1, 1ull << 34, &u), p.gpu_tokens = (int64_t)u;
+            ok = kvp__parse_u64(v, 1, 1ull << 34, &u) == KVP_OK, p.gpu_tokens = (int64_t)u;
         else if (!strcmp(a, "--token-budget"))
-            ok = num_u64(v, 1, 1ull << 24, &u), p.token_budget = (int64_t)u;
+            ok = kvp__parse_u64(v, 1, 1ull << 24, &u) == KVP_OK, p.token_budget = (int64_t)u;
         else if (!strcmp(a, "--max-num-seqs"))
-            ok = num_u64(v, 1, 1ull << 20, &u), p.max_num_seqs = (int64_t)u;
+            ok = kvp__parse_u64(v, 1, 1ull << 20, &u) == KVP_OK, p.max_num_seqs = (int64_t)u;
         else if (!strcmp(a, "--limit"))
-            ok = num_u64(v, 1, 1ull << 40, &p.limit);
+            ok = kvp__parse_u64(v, 1, 1ull << 40, &p.limit) == KVP_OK;
         else if (!strcmp(a, "--pool-timeout-ms"))
-            ok = num_u64(v, 1, 3600000, &u), p.pool_timeout_ms = (uint32_t)u;
+            ok = kvp__parse_u64(v, 1, 3600000, &u) == KVP_OK, p.pool_timeout_ms = (uint32_t)u;
         else if (!strcmp(a, "--debug-corrupt-every"))
-            ok = num_u64(v, 1, 1ull << 40, &p.corrupt_every);
+            ok = kvp__parse_u64(v, 1, 1ull << 40, &p.corrupt_every) == KVP_OK;
         else if (!strcmp(a, "--prefill-us-per-token"))
             ok = num_f(v, 1e-3, 1e6, &p.prefill_us_per_token);
         else if (!strcmp(a, "--decode-us-per-token"))

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "common/units.h"
 #include "engine/trace.h"
 
 #define TG_MAX_REQUESTS 10000000ull /* ten million: about 4 GB of trace */
@@ -49,20 +50,6 @@ static int tg_bad(const char *what, const char *v)
 {
     fprintf(stderr, "kvpool trace-gen: bad %s '%s' (see kvpool trace-gen --help)\n", what, v);
     return 2;
-}
-
-/* Strict decimal: digits only (no sign, blanks or suffix), no overflow, in [lo, hi]. */
-static int tg_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v_p)
-{
-    if (!(s[0] >= '0' && s[0] <= '9'))
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *v_p = v;
-    return 0;
 }
 
 /* A plain decimal number (digits, one optional '.', optional exponent), finite. */
@@ -135,24 +122,24 @@ int kvp_cmd_trace_gen(int argc, char **argv)
         const char *v = argv[++i];
         uint64_t n;
         if (!strcmp(a, "--requests")) {
-            if (tg_parse_u64(v, 1, TG_MAX_REQUESTS, &p.requests))
+            if (kvp__parse_u64(v, 1, TG_MAX_REQUESTS, &p.requests))
                 return tg_bad("--requests", v);
         } else if (!strcmp(a, "--sessions")) {
-            if (tg_parse_u64(v, 1, TG_MAX_REQUESTS, &p.sessions))
+            if (kvp__parse_u64(v, 1, TG_MAX_REQUESTS, &p.sessions))
                 return tg_bad("--sessions", v);
         } else if (!strcmp(a, "--turns")) {
-            if (tg_parse_u64(v, 1, TG_MAX_REQUESTS, &n))
+            if (kvp__parse_u64(v, 1, TG_MAX_REQUESTS, &n))
                 return tg_bad("--turns", v);
             p.turns = (uint32_t)n;
         } else if (!strcmp(a, "--system-prompts")) {
-            if (tg_parse_u64(v, 0, TG_MAX_SYSTEM_PROMPTS, &n))
+            if (kvp__parse_u64(v, 0, TG_MAX_SYSTEM_PROMPTS, &n))
                 return tg_bad("--system-prompts", v);
             p.system_prompts = (uint32_t)n;
         } else if (!strcmp(a, "--rate")) {
             if (tg_parse_rate(v, &p.rate))
                 return tg_bad("--rate", v);
         } else if (!strcmp(a, "--seed")) {
-            if (tg_parse_u64(v, 0, UINT64_MAX, &p.seed))
+            if (kvp__parse_u64(v, 0, UINT64_MAX, &p.seed))
                 return tg_bad("--seed", v);
         } else {
             fprintf(stderr, "kvpool trace-gen: unknown option '%s'\n", a);

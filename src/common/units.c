@@ -1,5 +1,6 @@
 #include "common/units.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,4 +106,17 @@ void kvp__format_size(uint64_t bytes, char *buf, int buflen)
         snprintf(buf, (size_t)buflen, "%llu B", (unsigned long long)bytes);
     else
         snprintf(buf, (size_t)buflen, "%.1f %s", v, names[i]);
+}
+
+kvp_status_t kvp__parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v_p)
+{
+    if (!s || !(s[0] >= '0' && s[0] <= '9'))
+        return KVP_ERR_BAD_OPTION;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return KVP_ERR_BAD_OPTION;
+    *v_p = v;
+    return KVP_OK;
 }

@@ -14,6 +14,9 @@
 kvp_status_t kvp__parse_size(const char *s, uint64_t *bytes_p);
 /* KVP_OK, or KVP_ERR_BAD_OPTION. */
 kvp_status_t kvp__parse_duration_ns(const char *s, uint64_t *ns_p);
+/* A strict decimal integer in [lo, hi]: digits only (no sign, blank or
+ * suffix), no overflow.  KVP_OK, or KVP_ERR_BAD_OPTION (s NULL included). */
+kvp_status_t kvp__parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v_p);
 /* "1.5 GiB"-style rendering into buf (always NUL-terminated). */
 void kvp__format_size(uint64_t bytes, char *buf, int buflen);
 

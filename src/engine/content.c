@@ -6,26 +6,19 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/mix.h"
 #include "engine/trace.h"
-
-static inline uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 #define VOCAB 32000
 
 int64_t kvp__eng_trace_token(int64_t h, uint32_t i)
 {
-    return 1 + (int64_t)(mix64((uint64_t)h * KVP__TRACE_BLOCK_TOKENS + i) % VOCAB);
+    return 1 + (int64_t)(kvp__mix64((uint64_t)h * KVP__TRACE_BLOCK_TOKENS + i) % VOCAB);
 }
 
 int64_t kvp__eng_output_token(uint64_t req, int64_t pos)
 {
-    return 1 + (int64_t)(mix64(~(req << 24) ^ (uint64_t)pos) % VOCAB);
+    return 1 + (int64_t)(kvp__mix64(~(req << 24) ^ (uint64_t)pos) % VOCAB);
 }
 
 /* One hash id's block hashes: the first `n` of its 512 / block_size blocks,
@@ -150,10 +143,10 @@ kvp_status_t kvp__eng_prompt(kvp__eng_hashes_t *c, const int64_t *hash_ids, uint
 
 uint64_t kvp__eng_key_seed(const char *key, size_t len) { return XXH3_64bits(key, len); }
 
-/* Word i of the stream: mix64(seed' + i), seed' = f(seed, layer, kv). */
+/* Word i of the stream: kvp__mix64(seed' + i), seed' = f(seed, layer, kv). */
 static inline uint64_t stream_seed(uint64_t seed, uint32_t layer, uint32_t kv)
 {
-    return mix64(seed ^ ((uint64_t)layer << 1 | kv) * 0xd6e8feb86659fd93ull);
+    return kvp__mix64(seed ^ ((uint64_t)layer << 1 | kv) * 0xd6e8feb86659fd93ull);
 }
 
 void kvp__eng_kv_fill(uint8_t *dst, size_t len, uint64_t seed, uint32_t layer, uint32_t kv)
@@ -161,11 +154,11 @@ void kvp__eng_kv_fill(uint8_t *dst, size_t len, uint64_t seed, uint32_t layer, u
     uint64_t s = stream_seed(seed, layer, kv);
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
-        uint64_t w = mix64(s + i);
+        uint64_t w = kvp__mix64(s + i);
         memcpy(dst + i, &w, 8);
     }
     if (i < len) {
-        uint64_t w = mix64(s + i);
+        uint64_t w = kvp__mix64(s + i);
         memcpy(dst + i, &w, len - i);
     }
 }
@@ -177,10 +170,10 @@ bool kvp__eng_kv_check(const uint8_t *src, size_t len, uint64_t seed, uint32_t l
     for (; i + 8 <= len; i += 8) {
         uint64_t w;
         memcpy(&w, src + i, 8);
-        acc |= w ^ mix64(s + i);
+        acc |= w ^ kvp__mix64(s + i);
     }
     if (i < len) {
-        uint64_t w = mix64(s + i), v = 0;
+        uint64_t w = kvp__mix64(s + i), v = 0;
         memcpy(&v, src + i, len - i);
         uint64_t m = 0;
         memcpy(&m, &w, len - i);

@@ -44,6 +44,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/mix.h"
 #include "engine/trace.h"
 
 #define GEN_FIRST_MEAN 4500u         /* tokens of a first user turn, beyond the minimum */
@@ -63,19 +64,11 @@ typedef struct gen_rng {
     uint64_t s[4];
 } gen_rng_t;
 
-static uint64_t gen_splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void gen_rng_seed(gen_rng_t *r, uint64_t seed, uint64_t stream)
 {
     uint64_t x = seed ^ (stream * 0xd1342543de82ef95ull);
     for (int i = 0; i < 4; i++)
-        r->s[i] = gen_splitmix(&x);
+        r->s[i] = kvp__splitmix64(&x);
 }
 
 static uint64_t gen_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
