@@ -487,6 +487,171 @@ KVP_API size_t kvp_ec_sched_table_size(const kvp_ec_sched_t *s);
 /* Sum of spec nbytes over RESIDENT records. */
 KVP_API int64_t kvp_ec_sched_resident_bytes(const kvp_ec_sched_t *s);
 
+/* ------------------------------------------------------------------------ */
+/* The ZeroMQ collaborators of a scheduler (control.py ControlClient,        */
+/* EventInbox, and the remote-cancel executor)                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvp_ec_zmq kvp_ec_zmq_t;
+
+/* One control client (REQ sockets with control_timeout_ms) shared by the
+ * three collaborators below; the executor runs cancel jobs on `threads`
+ * threads (0 = the seed's 8).  The inbox discovers the consumer's shards
+ * (peers, event_port) on the executor so an unreachable consumer costs the
+ * scheduler nothing, then connects one PULL socket to every shard.
+ * KVP_OK, KVP_ERR_INVALID_ARG, KVP_ERR_NO_MEMORY, KVP_ERR_IO. */
+KVP_API kvp_status_t kvp_ec_zmq_create(int64_t control_timeout_ms, size_t threads, kvp_ec_zmq_t **z_p);
+/* After kvp_ec_sched_close (which closes the three); NULL is a no-op. */
+KVP_API void kvp_ec_zmq_destroy(kvp_ec_zmq_t *z);
+KVP_API kvp_ec_control_t kvp_ec_zmq_control(kvp_ec_zmq_t *z);
+KVP_API kvp_ec_executor_t kvp_ec_zmq_executor(kvp_ec_zmq_t *z);
+KVP_API kvp_ec_inbox_t kvp_ec_zmq_inbox(kvp_ec_zmq_t *z);
+
+/* ------------------------------------------------------------------------ */
+/* The worker side (§3.6, §3.7): consumer and producer                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvp_ec_worker kvp_ec_worker_t;
+
+/* How pushes move (docs/ec-push.md). */
+typedef enum kvp_ec_push_path {
+    KVP_EC_PUSH_AUTO = 0, /* UCX RMA where it reaches the consumer over shm or rdma, else TCP */
+    KVP_EC_PUSH_TCP,      /* the consumer's data port only */
+    KVP_EC_PUSH_UCX,      /* UCX RMA only */
+} kvp_ec_push_path_t;
+
+/* A tensor: bytes plus the shape and dtype they carry. */
+typedef struct kvp_ec_tensor {
+    const uint8_t *data;
+    int64_t nbytes;
+    const int64_t *shape;
+    size_t ndim;
+    kvp_ec_dtype_t dtype;
+} kvp_ec_tensor_t;
+
+/* The engine's encoder cache as the worker sees it (vLLM's
+ * dict[mm_hash, Tensor]).  Called from the thread that called the worker. */
+typedef struct kvp_ec_encoder_cache {
+    /* Is mm_hash in the cache? */
+    bool (*has)(void *ctx, const char *mm_hash);
+    /* The cache's tensor of mm_hash, or false (a producer's source). */
+    bool (*get)(void *ctx, const char *mm_hash, kvp_ec_tensor_t *t);
+    /* encoder_cache[mm_hash] = t.  t.data points into the consumer's
+     * receive pool; it stays valid until the engine frees mm_hash (a later
+     * meta's `freed`, seen by start_load_caches) or the worker is
+     * destroyed. */
+    void (*put)(void *ctx, const char *mm_hash, const kvp_ec_tensor_t *t);
+    void *ctx;
+} kvp_ec_encoder_cache_t;
+
+/* One push as the producer saw it, for reports (times: CLOCK_MONOTONIC ns). */
+typedef struct kvp_ec_push_record {
+    const char *transfer_id;
+    const char *mm_hash;
+    const char *request_id;
+    int64_t nbytes;
+    size_t shards;       /* consumer shards reserved on */
+    size_t written;      /* shards written to (the others were cached or cancelled) */
+    bool cached;         /* every shard answered cached: nothing moved */
+    kvp_status_t status; /* KVP_OK, or why the push failed */
+    bool retryable;      /* a failure the request may retry (timeouts, lost peers, expiry) */
+    uint64_t reserve_sent_ns, reserve_done_ns;
+    uint64_t write_start_ns, write_done_ns; /* 0 when nothing was written */
+    uint64_t complete_done_ns;
+    unsigned path;       /* KVP_EC_PUSH_TCP or KVP_EC_PUSH_UCX when written */
+} kvp_ec_push_record_t;
+
+typedef struct kvp_ec_worker_params {
+    uint32_t size;
+    const kvp_ec_config_t *config; /* required; validated; read during create only */
+    /* Consumer: this TP rank (its control server listens on control port +
+     * tp_rank, reports the ports of tp_size shards) and whether this is a
+     * receiving (first PP) stage; a non-receiving stage has no pool or
+     * server and reports no metadata. */
+    int64_t tp_rank;
+    bool not_receiving;
+    /* Where the consumer's control server and data port bind: NULL = the
+     * host of the config's control address.  "0.0.0.0" binds every
+     * interface, and only when given. */
+    const char *bind_host;
+    kvp_ec_push_path_t push_path;
+    /* Test knobs and caps; 0 = default. */
+    int64_t lease_ms;              /* 300000: reservation lease and tombstone TTL */
+    int64_t max_tombstones;        /* 65536 */
+    int64_t reap_interval_ms;      /* 1000 */
+    int64_t max_pending_events;    /* 4096 */
+    int64_t peer_max_reservations; /* 65536 */
+    int64_t peer_max_bytes;        /* pool_size */
+    int64_t start_timeout_ms;      /* 5000: the control server must be up by then */
+    /* Cross-encoder cache (config->cross_encoder_cache): the pool (borrowed,
+     * outlives the worker) and the store-key namespace (model name). */
+    struct kvp_pool *pool;
+    const char *model;
+    /* Producer: called once per push when it ends (any thread). */
+    void (*on_push)(void *ctx, const kvp_ec_push_record_t *rec);
+    void *on_push_ctx;
+} kvp_ec_worker_params_t;
+
+static inline void kvp_ec_worker_params_init(kvp_ec_worker_params_t *p)
+{
+    kvp_ec_worker_params_t zero = {0};
+    *p = zero;
+    p->size = sizeof *p;
+}
+
+/* A consumer starts its receive pool, data receiver and control server
+ * (bound before this returns, or KVP_ERR_IO within start_timeout_ms); a
+ * producer its control client, transport and push threads.
+ * KVP_ERR_BAD_CONFIG (reason logged), KVP_ERR_INVALID_ARG, KVP_ERR_VERSION,
+ * KVP_ERR_IO, KVP_ERR_NO_MEMORY. */
+KVP_API kvp_status_t kvp_ec_worker_create(const kvp_ec_worker_params_t *params, kvp_ec_worker_t **w_p);
+/* Stops everything (pending pushes are cancelled with abandon, writers are
+ * waited for up to the control timeout).  NULL is a no-op. */
+KVP_API void kvp_ec_worker_destroy(kvp_ec_worker_t *w);
+
+/* The consumer's control address of this shard ("tcp://host:port"). */
+KVP_API const char *kvp_ec_worker_control_addr(const kvp_ec_worker_t *w);
+
+/* Consumer (§3.7 "Consumer load"): retire residents the engine freed, then
+ * per load spec: already cached -> completed (a pushed reservation is
+ * cancelled); local -> take_resident; pushed -> take; a miss fails the
+ * load.  Loaded tensors are put into cache.  Producer: no-op. */
+KVP_API kvp_status_t kvp_ec_worker_start_load_caches(kvp_ec_worker_t *w, const kvp_ec_meta_t *meta,
+                                                     const kvp_ec_encoder_cache_t *cache);
+/* Producer: reserve every push of meta on every consumer shard (in the
+ * background) and bind the sources cache already holds.  Consumer: no-op. */
+KVP_API kvp_status_t kvp_ec_worker_start_save_caches(kvp_ec_worker_t *w, const kvp_ec_meta_t *meta,
+                                                     const kvp_ec_encoder_cache_t *cache);
+/* Producer: the encoder output of mm_hash is computed; the worker copies
+ * it (the caller's buffer is free on return) and pushes it once reserved.
+ * With the cross-encoder cache, an image output is also put into the pool. */
+KVP_API kvp_status_t kvp_ec_worker_save_caches(kvp_ec_worker_t *w, const char *mm_hash, const kvp_ec_tensor_t *t);
+/* Producer: cancel the reservations of finished requests' pushes that never
+ * ran (orphans). */
+KVP_API kvp_status_t kvp_ec_worker_get_finished(kvp_ec_worker_t *w, const char *const *finished, size_t n);
+/* The step's ECMooncakeWorkerMetadata (and it resets the sets).  *has_p
+ * false: None (a non-receiving consumer stage). */
+KVP_API kvp_status_t kvp_ec_worker_build_meta(kvp_ec_worker_t *w, kvp_ec_worker_meta_t *out, bool *has_p);
+/* aggregate (metadata.py): loaded intersected, the rest united, into out
+ * (owned; kvp_ec_worker_meta_cleanup). */
+KVP_API kvp_status_t kvp_ec_worker_meta_aggregate(const kvp_ec_worker_meta_t *a, const kvp_ec_worker_meta_t *b,
+                                                  kvp_ec_worker_meta_t *out);
+
+typedef struct kvp_ec_worker_stats {
+    uint32_t size;
+    /* consumer */
+    uint64_t reservations_active, bytes_reserved, tombstones, residents, resident_bytes;
+    uint64_t reserves, reserves_cached, reserves_full, reserves_capped, cross_cache_hits;
+    uint64_t completes, cancels, takes, takes_failed, expired, reclaimed;
+    uint64_t events_sent, events_dropped, control_requests, control_errors;
+    uint64_t push_conns_open, push_writes, push_bytes, push_bad_headers;
+    /* producer */
+    uint64_t pushes, pushes_cached, pushes_failed, pushes_retryable, bytes_pushed;
+    uint64_t pushes_pending, cross_cache_puts;
+} kvp_ec_worker_stats_t;
+
+KVP_API void kvp_ec_worker_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st);
+
 #ifdef __cplusplus
 }
 #endif

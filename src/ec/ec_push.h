@@ -1,0 +1,103 @@
+/*
+ * The EC push data plane (issue 16 item 3; docs/ec-push.md): how a producer
+ * moves an encoder output into the slot a consumer reserved for it.
+ *
+ * A consumer shard runs one receiver over its receive slab.  Its session
+ * string (the reserve reply's dst_session) names every path it offers; a
+ * slot is named by dst_ptr, the slot's absolute address in the consumer's
+ * address space (as Mooncake's TransferEngine does), so
+ * offset = dst_ptr - slab base.
+ *
+ *   - UCX RMA (shared memory or RDMA reach the consumer): the slab is
+ *     mapped with ucp_mem_map; the session carries the consumer worker's
+ *     address and the packed rkey (hex); the producer unpacks it and
+ *     writes with ucp_put_nbx, then flushes the endpoint (remote
+ *     completion) before it returns.
+ *   - TCP (only TCP reaches it): the receiver listens on a data port; the
+ *     producer streams a header {magic, dst offset, length, reservation id}
+ *     and the bytes; the receiver checks the range against the reservation
+ *     (check callback, before any byte moves), receives the bytes straight
+ *     into the slot and answers one status frame after the last byte
+ *     landed.
+ *
+ * Either way a write returns only once the bytes are in the slot, so the
+ * producer's complete (control channel) can never overtake its data.
+ *
+ * The receiver holds at most max_conns connections, drops one that is idle
+ * past idle_ms or sends a bad header (status reply, one rate-limited log
+ * line), and counts all of it in its stats.
+ */
+#ifndef KVP_EC_PUSH_H
+#define KVP_EC_PUSH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool/ec_connector.h"
+
+/* Paths, as a bit set. */
+#define KVP__EC_PATH_TCP 1u
+#define KVP__EC_PATH_UCX 2u
+
+typedef struct kvp__ec_push_rx kvp__ec_push_rx_t;
+
+typedef struct kvp__ec_push_rx_params {
+    const char *host;      /* the data port's bind address (IPv4 or name); required */
+    uint16_t port;         /* 0 = any */
+    uint8_t *slab;         /* the receive slab (borrowed; outlives the receiver) */
+    uint64_t slab_size;
+    unsigned paths;        /* KVP__EC_PATH_*; UCX is offered only where UCX has shm or rdma */
+    /* The bounds check (kvp__ec_resv_check_write): KVP_OK if [offset,
+     * offset+len) lies in a reservation being written (reservation_id may be
+     * "" when the path carries none).  Called from the receiver's thread. */
+    kvp_status_t (*check)(void *ctx, uint64_t offset, uint64_t len, const char *reservation_id);
+    void *check_ctx;
+    size_t max_conns;      /* 0 = 64 */
+    int64_t idle_ms;       /* 0 = 30000 */
+} kvp__ec_push_rx_params_t;
+
+/* Starts the receiver (its thread, the TCP listener, the UCX mapping).
+ * KVP_OK, KVP_ERR_INVALID_ARG, KVP_ERR_IO (bind failed, logged),
+ * KVP_ERR_NO_MEMORY. */
+kvp_status_t kvp__ec_push_rx_create(const kvp__ec_push_rx_params_t *p, kvp__ec_push_rx_t **rx_p);
+/* Stops the thread, closes connections, unmaps.  NULL is a no-op. */
+void kvp__ec_push_rx_destroy(kvp__ec_push_rx_t *rx);
+/* The session string for reserve replies (valid until destroy). */
+const char *kvp__ec_push_rx_session(const kvp__ec_push_rx_t *rx);
+uint16_t kvp__ec_push_rx_port(const kvp__ec_push_rx_t *rx);
+
+typedef struct kvp__ec_push_rx_stats {
+    uint64_t conns_open, conns_total, conns_refused, conns_idle_closed;
+    uint64_t writes, bytes, bad_headers, out_of_bounds;
+} kvp__ec_push_rx_stats_t;
+void kvp__ec_push_rx_stats(kvp__ec_push_rx_t *rx, kvp__ec_push_rx_stats_t *st);
+
+typedef struct kvp__ec_push_tx kvp__ec_push_tx_t;
+
+typedef struct kvp__ec_push_tx_params {
+    unsigned paths;     /* the paths this producer may use (KVP__EC_PATH_*) */
+    int64_t timeout_ms; /* per write; >= 1 */
+} kvp__ec_push_tx_params_t;
+
+kvp_status_t kvp__ec_push_tx_create(const kvp__ec_push_tx_params_t *p, kvp__ec_push_tx_t **tx_p);
+void kvp__ec_push_tx_destroy(kvp__ec_push_tx_t *tx);
+
+/* Writes src[0..len) into the slot at dst_ptr of the consumer behind
+ * session, by the best path both sides offer (UCX RMA first when this
+ * process reaches it over shm or rdma, else TCP).  Blocking; thread-safe
+ * (concurrent writes to one session use separate connections or
+ * serialise).  Returns once the bytes are in the slot.  KVP_OK,
+ * KVP_ERR_INVALID_ARG (a session it cannot parse), KVP_ERR_REMOTE (the
+ * receiver refused the range), KVP_ERR_TIMEOUT, KVP_ERR_CONN_LOST,
+ * KVP_ERR_IO.  *path_p (may be NULL): the path used. */
+kvp_status_t kvp__ec_push_tx_write(kvp__ec_push_tx_t *tx, const char *session, const char *reservation_id,
+                                   uint64_t dst_ptr, const void *src, uint64_t len, unsigned *path_p);
+
+typedef struct kvp__ec_push_tx_stats {
+    uint64_t writes, bytes, failures, ucx_writes, tcp_writes;
+    uint64_t write_ns; /* summed time inside writes */
+} kvp__ec_push_tx_stats_t;
+void kvp__ec_push_tx_stats(kvp__ec_push_tx_t *tx, kvp__ec_push_tx_stats_t *st);
+
+#endif
