@@ -738,10 +738,12 @@ void kvp__ec_ctl_put_complete_result(kvp__jw_t *b, bool completed, bool became_r
     kvp__jw_put(b, "}", 1);
 }
 
-void kvp__ec_ctl_put_cancel_result(kvp__jw_t *b, bool cancelled)
+void kvp__ec_ctl_put_cancel_result(kvp__jw_t *b, bool cancelled, bool deferred)
 {
     kvp__jw_puts(b, "{\"cancelled\":");
     kvp__jw_bool(b, cancelled);
+    if (deferred)
+        kvp__jw_puts(b, ",\"deferred\":true");
     kvp__jw_put(b, "}", 1);
 }
 

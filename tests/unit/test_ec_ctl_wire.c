@@ -617,8 +617,10 @@ TEST(test_ec_ctl_reply_round_trips)
     jw_eq(&b, "null");
     kvp__ec_ctl_put_complete_result(&b, true, false);
     jw_eq(&b, "{\"completed\":true,\"became_ready\":false}");
-    kvp__ec_ctl_put_cancel_result(&b, true);
+    kvp__ec_ctl_put_cancel_result(&b, true, false);
     jw_eq(&b, "{\"cancelled\":true}");
+    kvp__ec_ctl_put_cancel_result(&b, true, true);
+    jw_eq(&b, "{\"cancelled\":true,\"deferred\":true}");
     kvp__ec_ctl_put_event(&b, "T1", &st, 5001);
     const char ev[] = "{\"transfer_id\":\"T1\",\"mm_hash\":\"H\",\"ready\":true,\"reservation_id\":\"r1\",\"nbytes\":64,"
                       "\"shape\":[4,8],\"dtype\":\"bfloat16\",\"shard\":5001}";
