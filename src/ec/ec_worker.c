@@ -35,7 +35,7 @@ kvp_status_t kvp__ec_names_add(kvp__ec_names_t *n, const char *s)
 {
     if (kvp__strset_has(&n->set, s))
         return KVP_OK;
-    if (!kvp__grow_in((void **)&n->list.v, &n->cap, n->list.n + 1, sizeof *n->list.v, 8))
+    if (kvp__grow_in((void **)&n->list.v, &n->cap, n->list.n + 1, sizeof *n->list.v, 8) != 0)
         return KVP_ERR_NO_MEMORY;
     char *d = kvp__strdup(s);
     if (!d)

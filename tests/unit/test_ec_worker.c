@@ -126,7 +126,7 @@ static void cons_start(cons_t *c, uint16_t base, int tp, int rank, int64_t pool_
     c->cfg.control_addr = c->addr;
     c->cfg.tp_size = tp;
     c->cfg.pool_size = pool_size;
-    c->cfg.control_timeout_ms = 2000;
+    c->cfg.control_timeout_ms = 500;
     c->cfg.push_wait_timeout_s = 10;
     c->cfg.dtype = KVP_EC_DTYPE_BFLOAT16;
     c->cfg.cross_encoder_cache = o && o->pool;
@@ -243,8 +243,8 @@ TEST(test_ec_control_ops_peers_event_port_status)
     snprintf(want, sizeof want, "{\"ok\":true,\"result\":{\"ports\":[%u,%u]}}", (unsigned)base, (unsigned)base + 1);
     ASSERT_STR_EQ(rc(&r, "{\"op\":\"peers\"}"), want);
     const char *ep = rc(&r, "{\"op\":\"event_port\"}");
-    ASSERT(strncmp(ep, "{\"ok\":true,\"result\":", 21) == 0);
-    long port = strtol(ep + 21, NULL, 10);
+    ASSERT(strncmp(ep, "{\"ok\":true,\"result\":", 20) == 0);
+    long port = strtol(ep + 20, NULL, 10);
     ASSERT(port > 0 && port < 65536);
     char rid[64];
     field(reserve(&r, "T", "H"), "reservation_id", rid, sizeof rid);
@@ -354,7 +354,7 @@ TEST(test_ec_events_bounded_queue_drops_oldest)
     ASSERT_EQ(st.events_dropped, 2);
     /* the inbox connects now and gets the two newest, whole */
     const char *ep = rc(&r, "{\"op\":\"event_port\"}");
-    long port = strtol(ep + 21, NULL, 10);
+    long port = strtol(ep + 20, NULL, 10);
     void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
     int t = 3000, zero = 0;
     zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof t);
@@ -464,7 +464,7 @@ typedef struct {
     kvp_ec_sched_t *s;
 } sched_t;
 
-static void sched_start(sched_t *x, bool producer, const char *control_addr, int tp, int64_t pool_size)
+static void sched_start_x(sched_t *x, bool producer, const char *control_addr, int tp, int64_t pool_size, bool cross)
 {
     memset(x, 0, sizeof *x);
     kvp_ec_config_init(&x->cfg);
@@ -477,6 +477,7 @@ static void sched_start(sched_t *x, bool producer, const char *control_addr, int
     x->cfg.dtype = KVP_EC_DTYPE_BFLOAT16;
     x->cfg.control_timeout_ms = 2000;
     x->cfg.push_wait_timeout_s = 10;
+    x->cfg.cross_encoder_cache = cross;
     ASSERT_OK(kvp_ec_zmq_create(2000, 2, &x->z));
     kvp_ec_sched_params_t p;
     kvp_ec_sched_params_init(&p);
@@ -486,6 +487,11 @@ static void sched_start(sched_t *x, bool producer, const char *control_addr, int
     p.executor = kvp_ec_zmq_executor(x->z);
     p.inbox = kvp_ec_zmq_inbox(x->z);
     ASSERT_OK(kvp_ec_sched_create(&p, &x->s));
+}
+
+static void sched_start(sched_t *x, bool producer, const char *control_addr, int tp, int64_t pool_size)
+{
+    sched_start_x(x, producer, control_addr, tp, pool_size, false);
 }
 
 static void sched_stop(sched_t *x)
@@ -526,7 +532,7 @@ typedef struct {
 static void prod_start(prod_t *p, const char *consumer_addr, kvp_pool_t *pool, int64_t timeout_ms)
 {
     memset(p, 0, sizeof *p);
-    sched_start(&p->s, true, consumer_addr, 1, 64 << 20);
+    sched_start_x(&p->s, true, consumer_addr, 1, 64 << 20, pool != NULL);
     kvp_ec_config_init(&p->cfg);
     p->cfg.is_producer = true;
     p->cfg.control_addr = consumer_addr;
@@ -542,8 +548,6 @@ static void prod_start(prod_t *p, const char *consumer_addr, kvp_pool_t *pool, i
     wp.on_push = on_push;
     wp.on_push_ctx = &p->pushes;
     ASSERT_OK(kvp_ec_worker_create(&wp, &p->w));
-    if (pool)
-        p->s.cfg.cross_encoder_cache = true;
 }
 
 static void prod_stop(prod_t *p)
@@ -690,7 +694,8 @@ TEST(test_ec_s35_two_shards_both_written_loaded_on_both)
     one(&co, "r1", "H2", "T2", NULL);
     produce(&p, &po);
     ASSERT_EQ(atomic_load(&p.pushes.written), 2);
-    cache_t caches[2] = {{0}, {0}};
+    cache_t caches[2];
+    memset(caches, 0, sizeof caches);
     kvp_ec_worker_t *ws[2] = {c0.w, c1.w};
     ASSERT(consume(&cs, ws, 2, caches, &co));
     check_bytes(&caches[0], "H2");
