@@ -708,6 +708,93 @@ TEST(test_ec_s35_two_shards_both_written_loaded_on_both)
     kvp_ec_worker_destroy(c1.w);
 }
 
+TEST(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    memset(&cs, 0, sizeof cs);
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    /* push_wait_timeout 1 s (a new scheduler: the config is read at create) */
+    kvp_ec_sched_close(cs.s);
+    kvp_ec_sched_destroy(cs.s);
+    kvp_ec_zmq_destroy(cs.z);
+    cs.cfg.push_wait_timeout_s = 1;
+    ASSERT_OK(kvp_ec_zmq_create(500, 2, &cs.z));
+    kvp_ec_sched_params_t p;
+    kvp_ec_sched_params_init(&p);
+    p.config = &cs.cfg;
+    p.clock = kvp_ec_clock_monotonic();
+    p.control = kvp_ec_zmq_control(cs.z);
+    p.executor = kvp_ec_zmq_executor(cs.z);
+    p.inbox = kvp_ec_zmq_inbox(cs.z);
+    ASSERT_OK(kvp_ec_sched_create(&p, &cs.s));
+    one_t co;
+    one(&co, "r1", "H5", "T5", NULL);
+    uint64_t t0 = kvp__now_ns();
+    size_t seen = 0;
+    while (kvp__now_ns() - t0 < 3000000000ull) {
+        bool ready;
+        ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready));
+        ASSERT(!ready);
+        kvp_ec_strlist_t l;
+        ASSERT_OK(kvp_ec_sched_take_unavailable_requests(cs.s, &l));
+        if (l.n) {
+            ASSERT_EQ(l.n, 1);
+            ASSERT_STR_EQ(l.v[0], "r1");
+            ASSERT_GE(kvp__now_ns() - t0, 900000000ull); /* not before the wait */
+        }
+        seen += l.n;
+        kvp_ec_strlist_cleanup(&l);
+        usleep(20000);
+    }
+    ASSERT_EQ(seen, 1); /* once, not again */
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    one_t po, co;
+    one(&po, "r1", "H6", "T6", c.addr);
+    one(&co, "r1", "H6", "T6", NULL);
+    /* the consumer's request finishes before any push: the scheduler
+     * tombstones T6 and cancels it remotely on the consumer's shard */
+    kvp_ec_finished_t fin;
+    ASSERT_OK(kvp_ec_sched_request_finished(cs.s, &co.req, &fin));
+    kvp_ec_finished_cleanup(&fin);
+    kvp_ec_worker_stats_t st;
+    uint64_t dl = kvp__now_ns() + 5000000000ull;
+    do {
+        kvp_ec_meta_t m;
+        ASSERT_OK(kvp_ec_sched_build_connector_meta(cs.s, NULL, 0, NULL, 0, &m)); /* runs the cancel jobs' upkeep */
+        kvp_ec_meta_cleanup(&m);
+        usleep(5000);
+        stats(c.w, &st);
+    } while (st.tombstones == 0 && kvp__now_ns() < dl);
+    ASSERT_EQ(st.tombstones, 1);
+    /* the producer's reserve for it comes back cancelled: nothing written */
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 1);
+    ASSERT_EQ(atomic_load(&p.pushes.written), 0);
+    stats(c.w, &st);
+    ASSERT_EQ(st.push_bytes, 0);
+    ASSERT_EQ(st.bytes_reserved, 0);
+    /* and no record is revived on the consumer's scheduler */
+    bool has;
+    ASSERT_OK(kvp_ec_sched_has_cache_item(cs.s, "H6", &has));
+    ASSERT(!has);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
 TEST(test_ec_cross_encoder_cache_reserve_hits_pool)
 {
     kvp_pool_t *pool;
@@ -848,6 +935,8 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_control_bad_input_gets_error_replies_server_goes_on),
           T(test_ec_control_peer_cap_healthy_peer_served_leases_expire), T(test_ec_events_bounded_queue_drops_oldest),
           T(test_ec_s33_push_then_event_then_load_end_to_end), T(test_ec_s35_two_shards_both_written_loaded_on_both),
+          T(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end),
+          T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_producer_consumer_gone_retryable_failed_save),
           T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
           T(test_ec_worker_config_validation_scenario_46))
