@@ -221,15 +221,21 @@ static void rid_fill(char rid[KVP__EC_RID_LEN + 1], const uint8_t raw[KVP__EC_RI
  * list.  Called after every change of state, extent or lease. */
 static void rec_sync(kvp__ec_resv_t *r, kvp__ec_rrec_t *rec, bool alive)
 {
+    bool active = alive && KVP__EC_RS_IN(rec->state, KVP__EC_RS_ACTIVE);
     uint64_t want = alive && rec->has_ext ? rec->ext.size : 0;
     r->bytes_reserved = r->bytes_reserved - rec->acct_bytes + want;
-    if (rec->peer)
-        rec->peer->bytes = rec->peer->bytes - rec->acct_bytes + want;
-    kvp__assert(want == 0 || rec->peer);
     rec->acct_bytes = want;
-    if (rec->peer && !(alive && KVP__EC_RS_IN(rec->state, KVP__EC_RS_ACTIVE))) {
+    /* a record leaving the active states still holds its extent until
+     * release() a moment later; its peer stops paying for it now */
+    uint64_t pwant = active ? want : 0;
+    if (rec->peer) {
+        rec->peer->bytes = rec->peer->bytes - rec->peer_bytes + pwant;
+        rec->peer_bytes = pwant;
+    }
+    kvp__assert(pwant == 0 || rec->peer);
+    if (rec->peer && !active) {
         kvp__ec_peer_t *p = rec->peer;
-        kvp__assert(p->n > 0);
+        kvp__assert(p->n > 0 && rec->peer_bytes == 0);
         p->n--;
         rec->peer = NULL;
         peer_gc(r, p);

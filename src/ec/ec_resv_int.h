@@ -49,7 +49,8 @@ typedef struct kvp__ec_rrec {
     kvp__list_t olink;         /* on r->owning iff writer-owned with an extent */
     int64_t expires_at;        /* lease or tombstone deadline; INT64_MAX when parked */
     kvp__ec_peer_t *peer;              /* held while active */
-    uint64_t acct_bytes;       /* what this record adds to bytes_reserved and its peer's bytes */
+    uint64_t acct_bytes;       /* what this record adds to bytes_reserved */
+    uint64_t peer_bytes;       /* ... and to its peer's bytes (0 once inactive) */
 } kvp__ec_rrec_t;
 
 struct kvp__ec_resv {

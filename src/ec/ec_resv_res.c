@@ -300,7 +300,8 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
             CHECK(kvp__ec_resset_get(&r->res, rec->hash) == rec->lease, "%s: lease on a dead entry", rec->tid);
             leases_total++;
         }
-        CHECK(active == (rec->rid[0] != '\0') || (!active && rec->hash[0]), "%s: reservation id", rec->tid);
+        CHECK(!active || rec->rid[0], "%s: active without a reservation id", rec->tid);
+        CHECK(rec->hash[0] || (!active && !rec->rid[0]), "%s: a hash-less record", rec->tid);
     }
     CHECK(n_recs == r->n_recs && n_tombs == r->n_tombs, "record counts");
     CHECK(n_tombs <= r->p.max_tombstones, "%" PRIu64 " tombstones over the cap", n_tombs);
@@ -363,7 +364,7 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
             kvp__ec_rrec_t *rec = r->recs.slots[j].key ? r->recs.slots[j].val : NULL;
             if (rec && rec->peer == p) {
                 pn++;
-                pb += rec->acct_bytes;
+                pb += rec->peer_bytes;
             }
         }
         CHECK(pn == p->n && pb == p->bytes && !p->hold && (p->n || p->bytes), "peer %" PRIu64 " accounting", p->id);
