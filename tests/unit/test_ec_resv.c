@@ -1430,24 +1430,110 @@ TEST(test_ec_resv_randomized_model_invariants)
         model_run(seed * 0x1234567ull, 4000);
 }
 
-TEST_LIST(T(test_ec_resv_create_rejects_bad_params), T(test_ec_resv_reservation_ids_are_32_lowercase_hex_and_distinct),
-          T(test_ec_resv_reserve_rejects_bad_input), T(test_ec_resv_s37_cancel_unknown_then_reserve_cancelled),
-          T(test_ec_resv_reserve_expired_removed_and_fresh), T(test_ec_resv_reserve_expire_pending_still_has_writer),
-          T(test_ec_resv_reserve_active_reused_writing_lease_refreshed), T(test_ec_resv_reserve_cached_hash_ready_at_once),
+/* The one mutex: four threads (control server, data plane, worker) on one
+ * object, ids of their own, hashes shared (so followers and cached reserves
+ * cross threads); every structure checks out afterwards. */
+typedef struct hammer {
+    fx_t *f;
+    unsigned id;
+} hammer_t;
+
+static void *hammer_thread(void *arg)
+{
+    hammer_t *h = arg;
+    uint64_t rng = 77 + h->id;
+    char rids[8][KVP__EC_RID_LEN + 1];
+    memset(rids, 0, sizeof rids);
+    for (int i = 0; i < 3000; i++) {
+        uint64_t x = kvp__splitmix64(&rng);
+        unsigned k = (unsigned)(x >> 8) % 8, hh = (unsigned)(x >> 16) % 6;
+        char tid[16], hash[16];
+        snprintf(tid, sizeof tid, "p%u-%u", h->id, k);
+        snprintf(hash, sizeof hash, "h%u", hh);
+        kvp__ec_reserve_in_t in = {.transfer_id = tid, .mm_hash = hash, .t = tensor(m_nbytes(hh)), .peer = h->id};
+        kvp__ec_reserve_out_t o;
+        kvp__ec_view_t v;
+        switch (x % 6) {
+        case 0:
+        case 1:
+            if (kvp__ec_resv_reserve(h->f->r, &in, &o, NULL, 0) == KVP_OK && !o.cancelled) {
+                memcpy(rids[k], o.reservation_id, sizeof rids[k]);
+                if (o.write && kvp__ec_resv_check_write(h->f->r, o.offset, o.nbytes, o.reservation_id) == KVP_OK)
+                    fill(h->f->slab + o.offset, hh, o.nbytes);
+            }
+            break;
+        case 2:
+            kvp__ec_resv_complete(h->f->r, tid, rids[k], NULL, NULL);
+            break;
+        case 3:
+            kvp__ec_resv_cancel(h->f->r, tid, "", (x >> 40) & 1, false, NULL, NULL);
+            break;
+        case 4:
+            kvp__ec_resv_take(h->f->r, tid, hash, &v, NULL, 0);
+            kvp__ec_resv_retire(h->f->r, NULL, 0, NULL, NULL);
+            break;
+        case 5:
+            kvp__ec_resv_expire(h->f->r);
+            break;
+        }
+    }
+    return NULL;
+}
+
+TEST(test_ec_resv_threads_share_one_object)
+{
+    fx_t f;
+    fx_init_caps(&f, 32 * 1024, 64, 0, 0);
+    pthread_t th[4];
+    hammer_t h[4];
+    for (unsigned i = 0; i < 4; i++) {
+        h[i] = (hammer_t){&f, i + 1};
+        ASSERT_EQ(pthread_create(&th[i], NULL, hammer_thread, &h[i]), 0);
+    }
+    for (unsigned i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    check(&f);
+    kvp__ec_resv_stats_t st = stats(&f);
+    ASSERT_GT(st.reserves, 0);
+    ASSERT_GT(st.takes, 0);
+    fx_done(&f);
+}
+
+TEST_LIST(T(test_ec_resv_create_rejects_bad_params),
+          T(test_ec_resv_reservation_ids_are_32_lowercase_hex_and_distinct),
+          T(test_ec_resv_reserve_rejects_bad_input),
+          T(test_ec_resv_s37_cancel_unknown_then_reserve_cancelled),
+          T(test_ec_resv_reserve_expired_removed_and_fresh),
+          T(test_ec_resv_reserve_expire_pending_still_has_writer),
+          T(test_ec_resv_reserve_active_reused_writing_lease_refreshed),
+          T(test_ec_resv_reserve_cached_hash_ready_at_once),
           T(test_ec_resv_reserve_full_expire_then_reclaim_then_pool_full),
-          T(test_ec_resv_reserve_larger_than_slab_evicts_nothing), T(test_ec_resv_complete_wrong_rid_not_accepted),
-          T(test_ec_resv_complete_ready_repeated_accepted), T(test_ec_resv_complete_pending_frees_and_accepts),
-          T(test_ec_resv_complete_writing_to_ready_new_lease), T(test_ec_resv_cancel_mismatching_rid_rejected),
-          T(test_ec_resv_cancel_refresh_abandon_to_expired), T(test_ec_resv_s49_cancel_while_writing_deferred),
-          T(test_ec_resv_cancel_others_cancelled_and_freed), T(test_ec_resv_take_ready_matching_hash_becomes_resident),
-          T(test_ec_resv_take_anything_else_fails), T(test_ec_resv_take_with_matching_resident_keeps_the_resident),
-          T(test_ec_resv_take_with_conflicting_resident_fails), T(test_ec_resv_expiry_ready_expired_writing_pending),
-          T(test_ec_resv_followers_ready_with_their_writer), T(test_ec_resv_followers_cancelled_with_abandoned_writer),
+          T(test_ec_resv_reserve_larger_than_slab_evicts_nothing),
+          T(test_ec_resv_complete_wrong_rid_not_accepted),
+          T(test_ec_resv_complete_ready_repeated_accepted),
+          T(test_ec_resv_complete_pending_frees_and_accepts),
+          T(test_ec_resv_complete_writing_to_ready_new_lease),
+          T(test_ec_resv_cancel_mismatching_rid_rejected),
+          T(test_ec_resv_cancel_refresh_abandon_to_expired),
+          T(test_ec_resv_s49_cancel_while_writing_deferred),
+          T(test_ec_resv_cancel_others_cancelled_and_freed),
+          T(test_ec_resv_take_ready_matching_hash_becomes_resident),
+          T(test_ec_resv_take_anything_else_fails),
+          T(test_ec_resv_take_with_matching_resident_keeps_the_resident),
+          T(test_ec_resv_take_with_conflicting_resident_fails),
+          T(test_ec_resv_expiry_ready_expired_writing_pending),
+          T(test_ec_resv_followers_ready_with_their_writer),
+          T(test_ec_resv_followers_cancelled_with_abandoned_writer),
           T(test_ec_resv_followers_of_parked_writer_published_on_complete),
           T(test_ec_resv_tombstones_capped_oldest_first_and_reaped_at_deadline),
-          T(test_ec_resv_alloc_aligned_first_fit_coalescing_full), T(test_ec_resv_reclaim_evicts_lru_and_records_reclaimed),
+          T(test_ec_resv_alloc_aligned_first_fit_coalescing_full),
+          T(test_ec_resv_reclaim_evicts_lru_and_records_reclaimed),
           T(test_ec_resv_retire_only_what_the_engine_no_longer_holds),
           T(test_ec_resv_put_resident_conflict_duplicate_and_no_space),
-          T(test_ec_resv_peer_caps_refuse_one_peer_serve_another), T(test_ec_resv_check_write_inside_outside_after_cancel),
-          T(test_ec_resv_rejects_transitions_not_in_table), T(test_ec_resv_stats_count_what_happened),
-          T(test_ec_resv_begin_shutdown_cancels_and_waits_for_writers), T(test_ec_resv_randomized_model_invariants))
+          T(test_ec_resv_peer_caps_refuse_one_peer_serve_another),
+          T(test_ec_resv_check_write_inside_outside_after_cancel),
+          T(test_ec_resv_rejects_transitions_not_in_table),
+          T(test_ec_resv_stats_count_what_happened),
+          T(test_ec_resv_begin_shutdown_cancels_and_waits_for_writers),
+          T(test_ec_resv_randomized_model_invariants),
+          T(test_ec_resv_threads_share_one_object))
