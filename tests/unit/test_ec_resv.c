@@ -46,11 +46,17 @@ static void fx_init_caps(fx_t *f, uint64_t size, size_t max_tombs, size_t peer_n
 
 static void fx_init(fx_t *f, uint64_t size) { fx_init_caps(f, size, 64, 0, 0); }
 
+/* set while allocations are made to fail: the self-check may itself run
+ * out of memory then (and says so) */
+static bool g_oom;
+
 static void check(fx_t *f)
 {
     char err[256];
     kvp_status_t s = kvp__ec_resv_validate(f->r, err, sizeof err);
-    ASSERT_MSG(s == KVP_OK, "validate: %s", err);
+    if (g_oom && s == KVP_ERR_NO_MEMORY)
+        return;
+    ASSERT_MSG(s == KVP_OK, "validate: %d %s", s, err);
 }
 
 static void fx_done(fx_t *f)
@@ -1499,6 +1505,94 @@ TEST(test_ec_resv_threads_share_one_object)
     fx_done(&f);
 }
 
+/* Out of memory at every allocation of a script that reaches every path
+ * that allocates (records, the maps, the free list, publishing followers,
+ * the ready and reclaimed lists, tombstones, peers): a call fails with
+ * KVP_ERR_NO_MEMORY or succeeds, and every structure checks out after. */
+static void oom_script(fx_t *f)
+{
+    kvp__ec_reserve_out_t o, w;
+    bool acc, ready, c;
+    char **v;
+    size_t n;
+    kvp__ec_view_t view;
+    kvp__ec_tensor_t t = tensor(512);
+    uint8_t src[512] = {0};
+    kvp__ec_resv_put_resident(f->r, "R", &t, src);
+    kvp__ec_resv_put_resident(f->r, "R2", &t, src);
+    memset(&w, 0, sizeof w);
+    reserve(f, "W", "H", 256, 1, &w);
+    for (int i = 0; i < 6; i++) {
+        char tid[8];
+        snprintf(tid, sizeof tid, "F%d", i);
+        reserve(f, tid, "H", 256, 1 + (unsigned)i % 3, &o);
+    }
+    for (int i = 0; i < 6; i++) {
+        char tid[8], h[8];
+        snprintf(tid, sizeof tid, "X%d", i);
+        snprintf(h, sizeof h, "HX%d", i);
+        reserve(f, tid, h, 1024, 2, &o);
+    }
+    kvp__ec_resv_complete(f->r, "W", w.reservation_id, &acc, &ready);
+    check(f);
+    if (kvp__ec_resv_drain_ready(f->r, &v, &n) == KVP_OK)
+        kvp__ec_strv_free(v, n);
+    kvp__ec_resv_take(f->r, "F1", "H", &view, NULL, 0);
+    kvp__ec_resv_take(f->r, "W", "H", &view, NULL, 0);
+    reserve(f, "C", "R", 512, 3, &o);
+    kvp__ec_resv_take(f->r, "C", "R", &view, NULL, 0);
+    for (int i = 0; i < 6; i++) {
+        char tid[8];
+        snprintf(tid, sizeof tid, "U%d", i);
+        kvp__ec_resv_cancel(f->r, tid, "", false, false, &c, NULL);
+    }
+    kvp__ec_resv_cancel(f->r, "X1", "", false, false, &c, NULL);
+    kvp__ec_resv_retire(f->r, NULL, 0, NULL, NULL);
+    reserve(f, "BIG", "HB", 8 * 1024, 0, &o); /* reclaims */
+    if (kvp__ec_resv_drain_reclaimed(f->r, &v, &n) == KVP_OK)
+        kvp__ec_strv_free(v, n);
+    f->now += LEASE;
+    kvp__ec_resv_expire(f->r);
+    kvp__ec_resv_begin_shutdown(f->r);
+    check(f);
+}
+
+TEST(test_ec_resv_out_of_memory_at_every_allocation)
+{
+    int completed = 0;
+    for (long k = 0; k < 400 && completed < 3; k++) {
+        fx_t f;
+        memset(&f, 0, sizeof f);
+        f.size = 16 * 1024;
+        f.slab = calloc(1, f.size);
+        f.now = 1000;
+        kvp__ec_resv_params_t p = {.slab = f.slab, .slab_size = f.size, .lease_ms = LEASE, .max_tombstones = 4,
+                                   .peer_max_reservations = 4, .now_ms = fake_clock, .clock_ctx = &f};
+        g_oom = true;
+        kvp__alloc_fail_after(k);
+        kvp_status_t s = kvp__ec_resv_create(&p, &f.r);
+        bool whole = false;
+        if (s == KVP_OK) {
+            oom_script(&f);
+            whole = !kvp__alloc_should_fail(); /* no allocation failed */
+            kvp__alloc_fail_reset();
+            g_oom = false;
+            check(&f);
+            kvp__ec_resv_destroy(f.r);
+        } else {
+            ASSERT_EQ(s, KVP_ERR_NO_MEMORY);
+            kvp__alloc_fail_reset();
+            g_oom = false;
+        }
+        free(f.slab);
+        ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
+        /* a k past the script's allocations runs it whole: stop a little after */
+        if (whole && completed++ == 0)
+            fprintf(stderr, "  the script runs whole from %ld allocations on\n", k);
+    }
+    ASSERT_EQ(completed, 3); /* the script's every allocation was made to fail */
+}
+
 TEST_LIST(T(test_ec_resv_create_rejects_bad_params),
           T(test_ec_resv_reservation_ids_are_32_lowercase_hex_and_distinct),
           T(test_ec_resv_reserve_rejects_bad_input),
@@ -1536,4 +1630,5 @@ TEST_LIST(T(test_ec_resv_create_rejects_bad_params),
           T(test_ec_resv_stats_count_what_happened),
           T(test_ec_resv_begin_shutdown_cancels_and_waits_for_writers),
           T(test_ec_resv_randomized_model_invariants),
-          T(test_ec_resv_threads_share_one_object))
+          T(test_ec_resv_threads_share_one_object),
+          T(test_ec_resv_out_of_memory_at_every_allocation))
