@@ -46,11 +46,17 @@ static void fx_init_caps(fx_t *f, uint64_t size, size_t max_tombs, size_t peer_n
 
 static void fx_init(fx_t *f, uint64_t size) { fx_init_caps(f, size, 64, 0, 0); }
 
+/* set while allocations are made to fail: the self-check may itself run
+ * out of memory then (and says so) */
+static bool g_oom;
+
 static void check(fx_t *f)
 {
     char err[256];
     kvp_status_t s = kvp__ec_resv_validate(f->r, err, sizeof err);
-    ASSERT_MSG(s == KVP_OK, "validate: %s", err);
+    if (g_oom && s == KVP_ERR_NO_MEMORY)
+        return;
+    ASSERT_MSG(s == KVP_OK, "validate: %d %s", s, err);
 }
 
 static void fx_done(fx_t *f)
@@ -1430,24 +1436,199 @@ TEST(test_ec_resv_randomized_model_invariants)
         model_run(seed * 0x1234567ull, 4000);
 }
 
-TEST_LIST(T(test_ec_resv_create_rejects_bad_params), T(test_ec_resv_reservation_ids_are_32_lowercase_hex_and_distinct),
-          T(test_ec_resv_reserve_rejects_bad_input), T(test_ec_resv_s37_cancel_unknown_then_reserve_cancelled),
-          T(test_ec_resv_reserve_expired_removed_and_fresh), T(test_ec_resv_reserve_expire_pending_still_has_writer),
-          T(test_ec_resv_reserve_active_reused_writing_lease_refreshed), T(test_ec_resv_reserve_cached_hash_ready_at_once),
+/* The one mutex: four threads (control server, data plane, worker) on one
+ * object, ids of their own, hashes shared (so followers and cached reserves
+ * cross threads); every structure checks out afterwards. */
+typedef struct hammer {
+    fx_t *f;
+    unsigned id;
+} hammer_t;
+
+static void *hammer_thread(void *arg)
+{
+    hammer_t *h = arg;
+    uint64_t rng = 77 + h->id;
+    char rids[8][KVP__EC_RID_LEN + 1];
+    memset(rids, 0, sizeof rids);
+    for (int i = 0; i < 3000; i++) {
+        uint64_t x = kvp__splitmix64(&rng);
+        unsigned k = (unsigned)(x >> 8) % 8, hh = (unsigned)(x >> 16) % 6;
+        char tid[16], hash[16];
+        snprintf(tid, sizeof tid, "p%u-%u", h->id, k);
+        snprintf(hash, sizeof hash, "h%u", hh);
+        kvp__ec_reserve_in_t in = {.transfer_id = tid, .mm_hash = hash, .t = tensor(m_nbytes(hh)), .peer = h->id};
+        kvp__ec_reserve_out_t o;
+        kvp__ec_view_t v;
+        switch (x % 6) {
+        case 0:
+        case 1:
+            if (kvp__ec_resv_reserve(h->f->r, &in, &o, NULL, 0) == KVP_OK && !o.cancelled) {
+                memcpy(rids[k], o.reservation_id, sizeof rids[k]);
+                if (o.write && kvp__ec_resv_check_write(h->f->r, o.offset, o.nbytes, o.reservation_id) == KVP_OK)
+                    fill(h->f->slab + o.offset, hh, o.nbytes);
+            }
+            break;
+        case 2:
+            kvp__ec_resv_complete(h->f->r, tid, rids[k], NULL, NULL);
+            break;
+        case 3:
+            kvp__ec_resv_cancel(h->f->r, tid, "", (x >> 40) & 1, false, NULL, NULL);
+            break;
+        case 4:
+            kvp__ec_resv_take(h->f->r, tid, hash, &v, NULL, 0);
+            kvp__ec_resv_retire(h->f->r, NULL, 0, NULL, NULL);
+            break;
+        case 5:
+            kvp__ec_resv_expire(h->f->r);
+            break;
+        }
+    }
+    return NULL;
+}
+
+TEST(test_ec_resv_threads_share_one_object)
+{
+    fx_t f;
+    fx_init_caps(&f, 32 * 1024, 64, 0, 0);
+    pthread_t th[4];
+    hammer_t h[4];
+    for (unsigned i = 0; i < 4; i++) {
+        h[i] = (hammer_t){&f, i + 1};
+        ASSERT_EQ(pthread_create(&th[i], NULL, hammer_thread, &h[i]), 0);
+    }
+    for (unsigned i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    check(&f);
+    kvp__ec_resv_stats_t st = stats(&f);
+    ASSERT_GT(st.reserves, 0);
+    ASSERT_GT(st.takes, 0);
+    fx_done(&f);
+}
+
+/* Out of memory at every allocation of a script that reaches every path
+ * that allocates (records, the maps, the free list, publishing followers,
+ * the ready and reclaimed lists, tombstones, peers): a call fails with
+ * KVP_ERR_NO_MEMORY or succeeds, and every structure checks out after. */
+static void oom_script(fx_t *f)
+{
+    kvp__ec_reserve_out_t o, w;
+    bool acc, ready, c;
+    char **v;
+    size_t n;
+    kvp__ec_view_t view;
+    kvp__ec_tensor_t t = tensor(512);
+    uint8_t src[512] = {0};
+    kvp__ec_resv_put_resident(f->r, "R", &t, src);
+    kvp__ec_resv_put_resident(f->r, "R2", &t, src);
+    memset(&w, 0, sizeof w);
+    reserve(f, "W", "H", 256, 1, &w);
+    for (int i = 0; i < 6; i++) {
+        char tid[8];
+        snprintf(tid, sizeof tid, "F%d", i);
+        reserve(f, tid, "H", 256, 1 + (unsigned)i % 3, &o);
+    }
+    for (int i = 0; i < 6; i++) {
+        char tid[8], h[8];
+        snprintf(tid, sizeof tid, "X%d", i);
+        snprintf(h, sizeof h, "HX%d", i);
+        reserve(f, tid, h, 1024, 2, &o);
+    }
+    kvp__ec_resv_complete(f->r, "W", w.reservation_id, &acc, &ready);
+    check(f);
+    if (kvp__ec_resv_drain_ready(f->r, &v, &n) == KVP_OK)
+        kvp__ec_strv_free(v, n);
+    kvp__ec_resv_take(f->r, "F1", "H", &view, NULL, 0);
+    kvp__ec_resv_take(f->r, "W", "H", &view, NULL, 0);
+    reserve(f, "C", "R", 512, 3, &o);
+    kvp__ec_resv_take(f->r, "C", "R", &view, NULL, 0);
+    for (int i = 0; i < 6; i++) {
+        char tid[8];
+        snprintf(tid, sizeof tid, "U%d", i);
+        kvp__ec_resv_cancel(f->r, tid, "", false, false, &c, NULL);
+    }
+    kvp__ec_resv_cancel(f->r, "X1", "", false, false, &c, NULL);
+    kvp__ec_resv_retire(f->r, NULL, 0, NULL, NULL);
+    reserve(f, "BIG", "HB", 8 * 1024, 0, &o); /* reclaims */
+    if (kvp__ec_resv_drain_reclaimed(f->r, &v, &n) == KVP_OK)
+        kvp__ec_strv_free(v, n);
+    f->now += LEASE;
+    kvp__ec_resv_expire(f->r);
+    kvp__ec_resv_begin_shutdown(f->r);
+    check(f);
+}
+
+TEST(test_ec_resv_out_of_memory_at_every_allocation)
+{
+    int completed = 0;
+    for (long k = 0; k < 400 && completed < 3; k++) {
+        fx_t f;
+        memset(&f, 0, sizeof f);
+        f.size = 16 * 1024;
+        f.slab = calloc(1, f.size);
+        f.now = 1000;
+        kvp__ec_resv_params_t p = {.slab = f.slab, .slab_size = f.size, .lease_ms = LEASE, .max_tombstones = 4,
+                                   .peer_max_reservations = 4, .now_ms = fake_clock, .clock_ctx = &f};
+        g_oom = true;
+        kvp__alloc_fail_after(k);
+        kvp_status_t s = kvp__ec_resv_create(&p, &f.r);
+        bool whole = false;
+        if (s == KVP_OK) {
+            oom_script(&f);
+            whole = !kvp__alloc_should_fail(); /* no allocation failed */
+            kvp__alloc_fail_reset();
+            g_oom = false;
+            check(&f);
+            kvp__ec_resv_destroy(f.r);
+        } else {
+            ASSERT_EQ(s, KVP_ERR_NO_MEMORY);
+            kvp__alloc_fail_reset();
+            g_oom = false;
+        }
+        free(f.slab);
+        ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
+        /* a k past the script's allocations runs it whole: stop a little after */
+        if (whole && completed++ == 0)
+            fprintf(stderr, "  the script runs whole from %ld allocations on\n", k);
+    }
+    ASSERT_EQ(completed, 3); /* the script's every allocation was made to fail */
+}
+
+TEST_LIST(T(test_ec_resv_create_rejects_bad_params),
+          T(test_ec_resv_reservation_ids_are_32_lowercase_hex_and_distinct),
+          T(test_ec_resv_reserve_rejects_bad_input),
+          T(test_ec_resv_s37_cancel_unknown_then_reserve_cancelled),
+          T(test_ec_resv_reserve_expired_removed_and_fresh),
+          T(test_ec_resv_reserve_expire_pending_still_has_writer),
+          T(test_ec_resv_reserve_active_reused_writing_lease_refreshed),
+          T(test_ec_resv_reserve_cached_hash_ready_at_once),
           T(test_ec_resv_reserve_full_expire_then_reclaim_then_pool_full),
-          T(test_ec_resv_reserve_larger_than_slab_evicts_nothing), T(test_ec_resv_complete_wrong_rid_not_accepted),
-          T(test_ec_resv_complete_ready_repeated_accepted), T(test_ec_resv_complete_pending_frees_and_accepts),
-          T(test_ec_resv_complete_writing_to_ready_new_lease), T(test_ec_resv_cancel_mismatching_rid_rejected),
-          T(test_ec_resv_cancel_refresh_abandon_to_expired), T(test_ec_resv_s49_cancel_while_writing_deferred),
-          T(test_ec_resv_cancel_others_cancelled_and_freed), T(test_ec_resv_take_ready_matching_hash_becomes_resident),
-          T(test_ec_resv_take_anything_else_fails), T(test_ec_resv_take_with_matching_resident_keeps_the_resident),
-          T(test_ec_resv_take_with_conflicting_resident_fails), T(test_ec_resv_expiry_ready_expired_writing_pending),
-          T(test_ec_resv_followers_ready_with_their_writer), T(test_ec_resv_followers_cancelled_with_abandoned_writer),
+          T(test_ec_resv_reserve_larger_than_slab_evicts_nothing),
+          T(test_ec_resv_complete_wrong_rid_not_accepted),
+          T(test_ec_resv_complete_ready_repeated_accepted),
+          T(test_ec_resv_complete_pending_frees_and_accepts),
+          T(test_ec_resv_complete_writing_to_ready_new_lease),
+          T(test_ec_resv_cancel_mismatching_rid_rejected),
+          T(test_ec_resv_cancel_refresh_abandon_to_expired),
+          T(test_ec_resv_s49_cancel_while_writing_deferred),
+          T(test_ec_resv_cancel_others_cancelled_and_freed),
+          T(test_ec_resv_take_ready_matching_hash_becomes_resident),
+          T(test_ec_resv_take_anything_else_fails),
+          T(test_ec_resv_take_with_matching_resident_keeps_the_resident),
+          T(test_ec_resv_take_with_conflicting_resident_fails),
+          T(test_ec_resv_expiry_ready_expired_writing_pending),
+          T(test_ec_resv_followers_ready_with_their_writer),
+          T(test_ec_resv_followers_cancelled_with_abandoned_writer),
           T(test_ec_resv_followers_of_parked_writer_published_on_complete),
           T(test_ec_resv_tombstones_capped_oldest_first_and_reaped_at_deadline),
-          T(test_ec_resv_alloc_aligned_first_fit_coalescing_full), T(test_ec_resv_reclaim_evicts_lru_and_records_reclaimed),
+          T(test_ec_resv_alloc_aligned_first_fit_coalescing_full),
+          T(test_ec_resv_reclaim_evicts_lru_and_records_reclaimed),
           T(test_ec_resv_retire_only_what_the_engine_no_longer_holds),
           T(test_ec_resv_put_resident_conflict_duplicate_and_no_space),
-          T(test_ec_resv_peer_caps_refuse_one_peer_serve_another), T(test_ec_resv_check_write_inside_outside_after_cancel),
-          T(test_ec_resv_rejects_transitions_not_in_table), T(test_ec_resv_stats_count_what_happened),
-          T(test_ec_resv_begin_shutdown_cancels_and_waits_for_writers), T(test_ec_resv_randomized_model_invariants))
+          T(test_ec_resv_peer_caps_refuse_one_peer_serve_another),
+          T(test_ec_resv_check_write_inside_outside_after_cancel),
+          T(test_ec_resv_rejects_transitions_not_in_table),
+          T(test_ec_resv_stats_count_what_happened),
+          T(test_ec_resv_begin_shutdown_cancels_and_waits_for_writers),
+          T(test_ec_resv_randomized_model_invariants),
+          T(test_ec_resv_threads_share_one_object),
+          T(test_ec_resv_out_of_memory_at_every_allocation))
