@@ -41,29 +41,12 @@
 #include "commands.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "ec/ec_push.h"
-#include "ec/ec_push_wire.h"
+#include "support/ec_push_drive.h"
 
 #define SLAB_BYTES (128ull << 20)
 #define TARGET_BYTES (256ull << 20)
 #define MAX_RUNS 9
 #define MAX_SIZES 4
-
-static kvp_status_t accept_all(void *ctx, uint64_t off, uint64_t len, const char *rid)
-{
-    (void)ctx, (void)off, (void)len, (void)rid;
-    return KVP_OK;
-}
-
-static uint8_t *big(uint64_t n)
-{
-    uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    (void)madvise(p, n, MADV_HUGEPAGE);
-    memset(p, 1, n);
-    return p;
-}
 
 static uint64_t iters_for(uint64_t size)
 {
@@ -102,7 +85,7 @@ static double raw_tcp_gbps(uint64_t size, uint8_t *src)
     uint64_t n = iters_for(size), slots = SLAB_BYTES / size;
     pid_t pid = fork();
     if (pid == 0) {
-        uint8_t *buf = big(SLAB_BYTES);
+        uint8_t *buf = kvp__pd_big(SLAB_BYTES);
         int fd = accept(ls, NULL, NULL);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -153,120 +136,6 @@ static double raw_tcp_gbps(uint64_t size, uint8_t *src)
 }
 
 /* ---- the push paths ---- */
-typedef enum { P_TCP, P_UCX, P_AUTO, P_UCX_EMUL, P_UCX_TCP, P_AUTO_TCP, P_NUM } path_t;
-static const char *const path_names[P_NUM] = {"tcp", "ucx", "auto", "ucx_emul", "ucx_tcp", "auto_tcp"};
-
-typedef struct {
-    pid_t pid;
-    int to_child;
-    char *session;
-} recv_proc_t;
-
-/* Forks a receiver for path p; its session string comes back over a pipe. */
-static int recv_start(path_t p, recv_proc_t *r)
-{
-    int up[2], down[2];
-    if (pipe(up) || pipe(down))
-        return -1;
-    r->pid = fork();
-    if (r->pid == 0) {
-        close(up[0]);
-        close(down[1]);
-        uint8_t *slab = (p == P_TCP || p == P_UCX_EMUL || p == P_UCX_TCP) ? big(SLAB_BYTES) : NULL;
-        kvp__ec_push_rx_params_t rp = {
-            .host = "127.0.0.1",
-            .slab = slab,
-            .slab_size = SLAB_BYTES,
-            .paths = p == P_TCP ? KVP__EC_PATH_TCP : KVP__EC_PATH_TCP | KVP__EC_PATH_UCX,
-            .check = accept_all,
-            .ucx_force = p == P_UCX_EMUL || p == P_UCX_TCP,
-        };
-        kvp__ec_push_rx_t *rx;
-        if (kvp__ec_push_rx_create(&rp, &rx) != KVP_OK)
-            _exit(2);
-        if (!slab)
-            memset(kvp__ec_push_rx_slab(rx), 1, SLAB_BYTES); /* faulted in, like the baselines */
-        const char *s = kvp__ec_push_rx_session(rx);
-        uint32_t n = (uint32_t)strlen(s);
-        if (write(up[1], &n, 4) != 4 || write(up[1], s, n) != (ssize_t)n)
-            _exit(3);
-        char c;
-        ssize_t k = read(down[0], &c, 1);
-        (void)k;
-        kvp__ec_push_rx_destroy(rx);
-        _exit(0);
-    }
-    close(up[1]);
-    close(down[0]);
-    r->to_child = down[1];
-    uint32_t n = 0;
-    if (read(up[0], &n, 4) != 4 || n > KVP__EC_SESSION_MAX) {
-        close(up[0]);
-        return -1;
-    }
-    r->session = calloc(1, n + 1);
-    ssize_t got = 0;
-    while (got < (ssize_t)n) {
-        ssize_t k = read(up[0], r->session + got, n - (size_t)got);
-        if (k <= 0)
-            break;
-        got += k;
-    }
-    close(up[0]);
-    return got == (ssize_t)n ? 0 : -1;
-}
-
-static void recv_stop(recv_proc_t *r)
-{
-    if (write(r->to_child, "x", 1) != 1)
-        kill(r->pid, SIGKILL);
-    close(r->to_child);
-    waitpid(r->pid, NULL, 0);
-    free(r->session);
-}
-
-/* All runs of path p at one size: gbps[run]; *used_p: the path the writes took. */
-static int push_runs(path_t p, uint64_t size, int runs, uint8_t *src, double *gbps, unsigned *used_p)
-{
-    recv_proc_t r;
-    if (recv_start(p, &r) != 0)
-        return -1;
-    kvp__ec_session_t *s = calloc(1, sizeof *s);
-    int rc = kvp__ec_session_decode(r.session, s) == KVP_OK ? 0 : -1;
-    kvp__ec_push_tx_params_t tp = {
-        .paths = p == P_TCP ? KVP__EC_PATH_TCP : p == P_AUTO || p == P_AUTO_TCP ? KVP__EC_PATH_TCP | KVP__EC_PATH_UCX
-                                                                                 : KVP__EC_PATH_UCX,
-        .timeout_ms = 30000,
-        .ucx_force = p == P_UCX_EMUL || p == P_UCX_TCP,
-    };
-    kvp__ec_push_tx_t *tx = NULL;
-    if (rc == 0 && kvp__ec_push_tx_create(&tp, &tx) != KVP_OK)
-        rc = -1;
-    uint64_t n = iters_for(size), slots = SLAB_BYTES / size;
-    *used_p = 0;
-    /* warm-up: connection, endpoint, rkey, and every slot once (the
-     * producer's mapping of a UCX slab faults in on first touch) */
-    if (rc == 0 && kvp__ec_push_tx_write(tx, r.session, "", s->base, src, size, used_p) != KVP_OK)
-        rc = -1;
-    for (uint64_t i = 1; rc == 0 && i < slots && i < n; i++)
-        if (kvp__ec_push_tx_write(tx, r.session, "", s->base + i * size, src, size, NULL) != KVP_OK)
-            rc = -1;
-    for (int run = 0; rc == 0 && run < runs; run++) {
-        uint64_t t0 = kvp__now_ns();
-        for (uint64_t i = 0; i < n && rc == 0; i++) {
-            unsigned used;
-            if (kvp__ec_push_tx_write(tx, r.session, "", s->base + (i % slots) * size, src, size, &used) != KVP_OK ||
-                used != *used_p)
-                rc = -1;
-        }
-        gbps[run] = (double)(n * size) / (double)(kvp__now_ns() - t0);
-    }
-    kvp__ec_push_tx_destroy(tx);
-    free(s);
-    recv_stop(&r);
-    return rc;
-}
-
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -314,8 +183,8 @@ int kvp_bench_ec_push(int argc, char **argv)
         if (sizes[i] == 0 || sizes[i] > SLAB_BYTES)
             return fprintf(stderr, "bench --ec-push: sizes 1..128 MiB\n"), 2;
     signal(SIGPIPE, SIG_IGN);
-    uint8_t *src = big(64u << 20 > sizes[nsizes - 1] ? 64u << 20 : sizes[nsizes - 1]);
-    uint8_t *dst = big(SLAB_BYTES);
+    uint8_t *src = kvp__pd_big(64u << 20 > sizes[nsizes - 1] ? 64u << 20 : sizes[nsizes - 1]);
+    uint8_t *dst = kvp__pd_big(SLAB_BYTES);
     if (!src || !dst)
         return fprintf(stderr, "bench --ec-push: out of memory\n"), 1;
     const char *tls0 = getenv("UCX_TLS");
@@ -328,22 +197,22 @@ int kvp_bench_ec_push(int argc, char **argv)
         uint64_t size = sizes[si];
         char sn[32];
         size_name(size, sn, sizeof sn);
-        double mc[MAX_RUNS], raw[MAX_RUNS], med[P_NUM] = {0};
-        unsigned used[P_NUM] = {0};
+        double mc[MAX_RUNS], raw[MAX_RUNS], med[KVP__PD_NUM] = {0};
+        const char *used[KVP__PD_NUM];
         for (int r = 0; r < runs; r++) {
             mc[r] = memcpy_gbps(size, src, dst);
             raw[r] = raw_tcp_gbps(size, src);
         }
         double mcm = median(mc, runs), rawm = median(raw, runs);
-        for (int p = 0; p < P_NUM; p++) {
-            if (p == P_UCX_TCP || p == P_AUTO_TCP)
+        for (int p = 0; p < KVP__PD_NUM; p++) {
+            if (p == KVP__PD_UCX_TCP || p == KVP__PD_AUTO_TCP)
                 setenv("UCX_TLS", "tcp", 1);
             else if (saved_tls)
                 setenv("UCX_TLS", saved_tls, 1);
             else
                 unsetenv("UCX_TLS");
             double g[MAX_RUNS];
-            if (push_runs((path_t)p, size, runs, src, g, &used[p]) == 0)
+            if (kvp__pd_push_runs((kvp__pd_path_t)p, size, SLAB_BYTES, iters_for(size), runs, src, g, &used[p]) == 0)
                 med[p] = median(g, runs);
         }
         if (saved_tls)
@@ -352,22 +221,20 @@ int kvp_bench_ec_push(int argc, char **argv)
             unsetenv("UCX_TLS");
         if (!json) {
             printf("%s: memcpy %.2f  raw_tcp %.2f\n", sn, mcm, rawm);
-            for (int p = 0; p < P_NUM; p++)
-                printf("  %-9s %6.2f  (path %s)%s\n", path_names[p], med[p],
-                       used[p] == KVP__EC_PATH_UCX ? "ucx" : used[p] == KVP__EC_PATH_TCP ? "tcp" : "failed",
+            for (int p = 0; p < KVP__PD_NUM; p++)
+                printf("  %-9s %6.2f  (path %s)%s\n", kvp__pd_path_names[p], med[p], used[p],
                        med[p] == 0 ? "  [not measured: the path failed]" : "");
             printf("  ratios: ucx/memcpy %.2f  auto/memcpy %.2f  tcp/raw_tcp %.2f  auto_tcp/raw_tcp %.2f  "
                    "ucx_tcp/raw_tcp %.2f\n",
-                   med[P_UCX] / mcm, med[P_AUTO] / mcm, med[P_TCP] / rawm, med[P_AUTO_TCP] / rawm,
-                   med[P_UCX_TCP] / rawm);
+                   med[KVP__PD_UCX] / mcm, med[KVP__PD_AUTO] / mcm, med[KVP__PD_TCP] / rawm, med[KVP__PD_AUTO_TCP] / rawm,
+                   med[KVP__PD_UCX_TCP] / rawm);
         }
         jl += (size_t)snprintf(jbuf + jl, sizeof jbuf - jl,
                                "%s{\"size\":%llu,\"memcpy_gbps\":%.3f,\"raw_tcp_gbps\":%.3f", si ? "," : "",
                                (unsigned long long)size, mcm, rawm);
-        for (int p = 0; p < P_NUM && jl < sizeof jbuf; p++)
-            jl += (size_t)snprintf(jbuf + jl, sizeof jbuf - jl, ",\"%s_gbps\":%.3f,\"%s_path\":\"%s\"", path_names[p],
-                                   med[p], path_names[p],
-                                   used[p] == KVP__EC_PATH_UCX ? "ucx" : used[p] == KVP__EC_PATH_TCP ? "tcp" : "none");
+        for (int p = 0; p < KVP__PD_NUM && jl < sizeof jbuf; p++)
+            jl += (size_t)snprintf(jbuf + jl, sizeof jbuf - jl, ",\"%s_gbps\":%.3f,\"%s_path\":\"%s\"",
+                                   kvp__pd_path_names[p], med[p], kvp__pd_path_names[p], used[p]);
         if (jl < sizeof jbuf)
             jl += (size_t)snprintf(jbuf + jl, sizeof jbuf - jl, "}");
         fflush(stdout);
