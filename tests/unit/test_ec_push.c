@@ -471,7 +471,7 @@ TEST(test_ec_push_concurrent_writers_4_threads)
 /* UCX RMA between two processes: the child runs the receiver over a slab it
  * lets UCX allocate, the parent writes.  Skipped (with the reason) only
  * when the receiver does not offer UCX here. */
-TEST(test_ec_push_ucx_rma_write_lands_byte_exact)
+static void ucx_case(bool emulated)
 {
     int to_parent[2], to_child[2];
     ASSERT_EQ(pipe(to_parent), 0);
@@ -480,12 +480,16 @@ TEST(test_ec_push_ucx_rma_write_lands_byte_exact)
     if (pid == 0) {
         table_t t = {.n = 0};
         pthread_mutex_init(&t.mu, NULL);
+        /* emulated: a borrowed slab, UCX forced: the put is software
+         * emulation that the receiver's thread must progress */
         kvp__ec_push_rx_params_t p = {
             .host = "127.0.0.1",
+            .slab = emulated ? calloc(1, SLAB) : NULL,
             .slab_size = SLAB,
             .paths = KVP__EC_PATH_TCP | KVP__EC_PATH_UCX,
             .check = check,
             .check_ctx = &t,
+            .ucx_force = emulated,
         };
         kvp__ec_push_rx_t *rx;
         if (kvp__ec_push_rx_create(&p, &rx) != KVP_OK)
@@ -522,7 +526,8 @@ TEST(test_ec_push_ucx_rma_write_lands_byte_exact)
         free(ss);
         return;
     }
-    kvp__ec_push_tx_params_t tp = {.paths = KVP__EC_PATH_TCP | KVP__EC_PATH_UCX, .timeout_ms = 5000};
+    kvp__ec_push_tx_params_t tp = {
+        .paths = KVP__EC_PATH_TCP | KVP__EC_PATH_UCX, .timeout_ms = 5000, .ucx_force = emulated};
     kvp__ec_push_tx_t *tx;
     ASSERT_OK(kvp__ec_push_tx_create(&tp, &tx));
     uint8_t *src = pattern(4u << 20, 77);
@@ -543,6 +548,64 @@ TEST(test_ec_push_ucx_rma_write_lands_byte_exact)
     free(src);
     free(s);
     free(ss);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
+}
+
+TEST(test_ec_push_ucx_rma_write_lands_byte_exact) { ucx_case(false); }
+
+/* The receiver offers no UCX for a borrowed slab (the put would be
+ * emulated); forced, the emulated put completes because the receiver's
+ * thread progresses its worker. */
+TEST(test_ec_push_ucx_emulated_put_progressed_by_receiver) { ucx_case(true); }
+
+TEST(test_ec_push_borrowed_slab_offers_tcp_only)
+{
+    fix_t f;
+    memset(&f, 0, sizeof f);
+    f.slab = calloc(1, SLAB);
+    kvp__ec_push_rx_params_t p = {
+        .host = "127.0.0.1", .slab = f.slab, .slab_size = SLAB,
+        .paths = KVP__EC_PATH_TCP | KVP__EC_PATH_UCX, .check = check, .check_ctx = &f.t};
+    ASSERT_OK(kvp__ec_push_rx_create(&p, &f.rx));
+    kvp__ec_session_t *s = calloc(1, sizeof *s);
+    ASSERT_OK(kvp__ec_session_decode(kvp__ec_push_rx_session(f.rx), s));
+    ASSERT_EQ(s->ucx_addr_len, 0);
+    ASSERT(s->port != 0);
+    ASSERT_EQ(s->base, (uint64_t)(uintptr_t)f.slab);
+    free(s);
+    kvp__ec_push_rx_destroy(f.rx);
+    free(f.slab);
+    ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
+}
+
+TEST(test_ec_push_producer_times_out_on_silent_receiver)
+{
+    /* a listener that accepts (the kernel does) but never reads or answers */
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    socklen_t sl = sizeof sa;
+    ASSERT_EQ(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
+    ASSERT_EQ(listen(ls, 4), 0);
+    ASSERT_EQ(getsockname(ls, (struct sockaddr *)&sa, &sl), 0);
+    char session[128];
+    snprintf(session, sizeof session, "kvp-ec1;tcp=127.0.0.1:%u;base=10000;size=10000000", ntohs(sa.sin_port));
+    kvp__ec_push_tx_params_t tp = {.paths = KVP__EC_PATH_TCP, .timeout_ms = 300};
+    kvp__ec_push_tx_t *tx;
+    ASSERT_OK(kvp__ec_push_tx_create(&tp, &tx));
+    uint8_t *src = pattern(8u << 20, 1);
+    uint64_t t0 = kvp__now_ns();
+    ASSERT_EQ(kvp__ec_push_tx_write(tx, session, RID, 0x10000, src, 8u << 20, NULL), KVP_ERR_TIMEOUT); /* socket full */
+    ASSERT_EQ(kvp__ec_push_tx_write(tx, session, RID, 0x10000, src, 16, NULL), KVP_ERR_TIMEOUT); /* no status */
+    uint64_t ms = (kvp__now_ns() - t0) / 1000000;
+    ASSERT_GE(ms, 580);
+    ASSERT_LT(ms, 2000);
+    kvp__ec_push_tx_stats_t ts;
+    kvp__ec_push_tx_stats(tx, &ts);
+    ASSERT_EQ(ts.failures, 2);
+    kvp__ec_push_tx_destroy(tx);
+    close(ls);
+    free(src);
     ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
 }
 
@@ -632,4 +695,6 @@ TEST_LIST(T(test_ec_push_tcp_write_lands_byte_exact), T(test_ec_push_refused_ran
           T(test_ec_push_hostile_garbage_header_dropped_healthy_continues),
           T(test_ec_push_hostile_truncated_body_and_idle_dropped), T(test_ec_push_max_conns_cap),
           T(test_ec_push_concurrent_writers_4_threads), T(test_ec_push_ucx_rma_write_lands_byte_exact),
+          T(test_ec_push_ucx_emulated_put_progressed_by_receiver), T(test_ec_push_borrowed_slab_offers_tcp_only),
+          T(test_ec_push_producer_times_out_on_silent_receiver),
           T(test_ec_push_session_codec), T(test_ec_push_frame_codec))
