@@ -106,3 +106,28 @@ bool kvp__epd_json_bool(const kvp__json_t *o, const char *key, bool *v);
 void kvp__epd_transfer_id(char *buf, size_t len, const char *req_id, size_t k);
 
 #endif
+
+/* ---------------------------------------------------------------- the replay */
+
+typedef struct kvp__epd_replay_params {
+    kvp__epd_wl_params_t wl;
+    uint32_t consumer_tp;     /* consumer TP ranks in the prefill node (1) */
+    const char *pool_uri;     /* the cross-encoder cache; NULL: a `kvpool server` the replay starts */
+    bool no_pool;             /* --pool none: no cross-encoder cache */
+    uint32_t window;          /* requests in flight at most (8, <= wl.repeat_gap) */
+    uint64_t push_wait_s;     /* the consumer's push_wait_timeout (60) */
+    uint64_t lease_ms;        /* the workers' reservation lease (0: 300 s) */
+    uint64_t cache_images;    /* each instance's encoder cache, in images (16) */
+    uint64_t kill_encoder_after; /* --faults kill-encoder@N: SIGKILL after N pushes (0: never) */
+    double drop_events;       /* --faults drop-events@P */
+    uint64_t timeout_s;       /* the whole run (280) */
+    bool json;
+} kvp__epd_replay_params_t;
+
+void kvp__epd_replay_params_init(kvp__epd_replay_params_t *p);
+/* Parses --faults SPEC: comma-separated kill-encoder@N and drop-events@P.
+ * KVP_ERR_BAD_OPTION on anything else. */
+kvp_status_t kvp__epd_faults_parse(const char *spec, kvp__epd_replay_params_t *p);
+/* Runs it; the exit status (0; 1: failures, a mismatch or a node that did
+ * not behave; 2: refused up front). */
+int kvp__epd_replay_main(const kvp__epd_replay_params_t *p);
