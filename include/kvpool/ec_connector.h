@@ -62,9 +62,17 @@ typedef enum kvp_ec_dtype {
     KVP_EC_DTYPE_FLOAT32 = 0, /* itemsize 4 */
     KVP_EC_DTYPE_FLOAT16,     /* itemsize 2 */
     KVP_EC_DTYPE_BFLOAT16,    /* itemsize 2 */
+    /* Appended (values never change): the other torch dtypes a push may carry. */
+    KVP_EC_DTYPE_FLOAT64,     /* itemsize 8 */
+    KVP_EC_DTYPE_INT8,        /* itemsize 1 */
+    KVP_EC_DTYPE_UINT8,       /* itemsize 1 */
+    KVP_EC_DTYPE_INT16,       /* itemsize 2 */
+    KVP_EC_DTYPE_INT32,       /* itemsize 4 */
+    KVP_EC_DTYPE_INT64,       /* itemsize 8 */
 } kvp_ec_dtype_t;
 
-/* "float32", "float16", "bfloat16" (no "torch." prefix); NULL if unknown. */
+/* "float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16",
+ * "int32", "int64" (no "torch." prefix); NULL if unknown. */
 KVP_API const char *kvp_ec_dtype_name(kvp_ec_dtype_t dtype);
 /* Parses a name with or without "torch."; KVP_ERR_BAD_CONFIG if unknown. */
 KVP_API kvp_status_t kvp_ec_dtype_parse(const char *name, kvp_ec_dtype_t *dtype_p);

@@ -60,7 +60,8 @@ kvp_status_t kvp__ec_client_shards(kvp__ec_client_t *c, const char *base_addr, c
                                    size_t *n_p);
 /* op event_port of one shard: KVP_OK and *port_p (1..65535). */
 kvp_status_t kvp__ec_client_event_port(kvp__ec_client_t *c, const char *addr, uint16_t *port_p);
-/* op cancel: KVP_OK and *cancelled_p. */
+/* op cancel: KVP_OK and *cancelled_p (the result's "cancelled", truthy).
+ * reservation_id NULL leaves the key out (the scheduler's cancel). */
 kvp_status_t kvp__ec_client_cancel(kvp__ec_client_t *c, const char *addr, const char *transfer_id,
                                    const char *reservation_id, bool abandon, bool refresh, bool *cancelled_p);
 

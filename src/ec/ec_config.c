@@ -16,6 +16,12 @@ static const struct {
     [KVP_EC_DTYPE_FLOAT32] = {"float32", 4},
     [KVP_EC_DTYPE_FLOAT16] = {"float16", 2},
     [KVP_EC_DTYPE_BFLOAT16] = {"bfloat16", 2},
+    [KVP_EC_DTYPE_FLOAT64] = {"float64", 8},
+    [KVP_EC_DTYPE_INT8] = {"int8", 1},
+    [KVP_EC_DTYPE_UINT8] = {"uint8", 1},
+    [KVP_EC_DTYPE_INT16] = {"int16", 2},
+    [KVP_EC_DTYPE_INT32] = {"int32", 4},
+    [KVP_EC_DTYPE_INT64] = {"int64", 8},
 };
 #define N_DTYPES (sizeof g_dtypes / sizeof g_dtypes[0])
 

@@ -127,7 +127,9 @@ void kvp__ec_ctl_put_reserve_result(kvp__jw_t *b, const kvp__ec_reserve_out_t *o
                                     uint64_t dst_ptr);
 void kvp__ec_ctl_put_status_result(kvp__jw_t *b, const kvp__ec_status_t *st); /* NULL st: null */
 void kvp__ec_ctl_put_complete_result(kvp__jw_t *b, bool completed, bool became_ready);
-void kvp__ec_ctl_put_cancel_result(kvp__jw_t *b, bool cancelled);
+/* {"cancelled":b}, plus "deferred":true when the cancel was deferred (a
+ * WRITING record went to CANCEL_PENDING: memory kept until complete). */
+void kvp__ec_ctl_put_cancel_result(kvp__jw_t *b, bool cancelled, bool deferred);
 
 /* A readiness event: {"transfer_id","mm_hash","ready":true,"reservation_id",
  * "nbytes","shape","dtype","shard"} in that order (control.py queue_ready). */

@@ -42,6 +42,8 @@ typedef enum kvp__ec_rstate {
 #define KVP__EC_R_NUM_STATES 6
 
 const char *kvp__ec_rstate_name(kvp__ec_rstate_t s);
+/* Is from -> to in the table (reservation.py _ALLOWED_TRANSITIONS)? */
+bool kvp__ec_rstate_allowed(kvp__ec_rstate_t from, kvp__ec_rstate_t to);
 
 typedef struct kvp__ec_resv_params {
     uint8_t *slab;          /* the receive region (borrowed; outlives the object) */
@@ -125,7 +127,8 @@ void kvp__ec_strv_free(char **v, size_t n);
 
 /* cancel (reservation.py cancel; reservation_id "" = any).  *cancelled_p is
  * false only when rejected.  *deferred_p (may be NULL): the record went to or
- * stays in CANCEL_PENDING (memory kept while a writer may still write). */
+ * stays in CANCEL_PENDING, or stays in EXPIRE_PENDING (memory kept while a
+ * writer may still write; its complete frees it). */
 kvp_status_t kvp__ec_resv_cancel(kvp__ec_resv_t *r, const char *transfer_id, const char *reservation_id,
                                  bool abandon, bool refresh, bool *cancelled_p, bool *deferred_p);
 

@@ -1,0 +1,942 @@
+/*
+ * The EC worker end to end over real sockets on 127.0.0.1: the consumer's
+ * control server (scenarios 37, 48, 49, bad input, per-peer caps, the event
+ * queue) spoken to with raw ZeroMQ REQ sockets, and pushes from a producer
+ * worker into consumer workers driven by real schedulers with the ZeroMQ
+ * collaborators (scenarios 33, 35, the cross-encoder cache, a producer whose
+ * consumer is gone).
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "kvpool/ec_connector.h"
+#include "kvpool/pool.h"
+#include "test.h"
+
+/* ---- ports, raw clients ---- */
+
+static int port_free(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* n consecutive free ports (the shards of a consumer). */
+static uint16_t free_ports(int n)
+{
+    static unsigned seed;
+    if (!seed)
+        seed = (unsigned)getpid() * 2654435761u;
+    for (int tries = 0; tries < 1000; tries++) {
+        uint16_t base = (uint16_t)(20000 + (rand_r(&seed) % 30000));
+        int ok = 1;
+        for (int i = 0; i < n && ok; i++)
+            ok = port_free((uint16_t)(base + i));
+        if (ok)
+            return base;
+    }
+    ASSERT(0);
+    return 0;
+}
+
+typedef struct {
+    void *ctx, *sock;
+    char reply[65536];
+} rc_t;
+
+static void rc_open(rc_t *c, const char *addr)
+{
+    int t = 5000, zero = 0;
+    c->ctx = zmq_ctx_new();
+    c->sock = zmq_socket(c->ctx, ZMQ_REQ);
+    zmq_setsockopt(c->sock, ZMQ_RCVTIMEO, &t, sizeof t);
+    zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &t, sizeof t);
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
+    ASSERT_EQ(zmq_connect(c->sock, addr), 0);
+}
+
+static void rc_close(rc_t *c)
+{
+    zmq_close(c->sock);
+    zmq_ctx_term(c->ctx);
+}
+
+/* One request; the reply, NUL-terminated, in c->reply. */
+static const char *rc_req(rc_t *c, const char *json, size_t len)
+{
+    ASSERT_EQ(zmq_send(c->sock, json, len, 0), (int)len);
+    int n = zmq_recv(c->sock, c->reply, sizeof c->reply - 1, 0);
+    ASSERT_GE(n, 0);
+    c->reply[n] = 0;
+    return c->reply;
+}
+
+static const char *rc(rc_t *c, const char *json) { return rc_req(c, json, strlen(json)); }
+
+/* The value of "key":"..." in a reply (first occurrence), into buf. */
+static const char *field(const char *json, const char *key, char *buf, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = strstr(json, pat);
+    ASSERT(p);
+    p += strlen(pat);
+    size_t i = 0;
+    while (p[i] && p[i] != '"' && i + 1 < len) {
+        buf[i] = p[i];
+        i++;
+    }
+    buf[i] = 0;
+    return buf;
+}
+
+/* ---- a consumer worker ---- */
+
+typedef struct {
+    kvp_ec_config_t cfg;
+    kvp_ec_worker_t *w;
+    char addr[64];
+} cons_t;
+
+typedef struct {
+    int64_t lease_ms, reap_ms, max_events, peer_max;
+    kvp_pool_t *pool;
+} cons_opts_t;
+
+static void cons_start(cons_t *c, uint16_t base, int tp, int rank, int64_t pool_size, const cons_opts_t *o)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->addr, sizeof c->addr, "tcp://127.0.0.1:%u", (unsigned)base);
+    kvp_ec_config_init(&c->cfg);
+    c->cfg.is_consumer = true;
+    c->cfg.control_addr = c->addr;
+    c->cfg.tp_size = tp;
+    c->cfg.pool_size = pool_size;
+    c->cfg.control_timeout_ms = 500;
+    c->cfg.push_wait_timeout_s = 10;
+    c->cfg.dtype = KVP_EC_DTYPE_BFLOAT16;
+    c->cfg.cross_encoder_cache = o && o->pool;
+    kvp_ec_worker_params_t p;
+    kvp_ec_worker_params_init(&p);
+    p.config = &c->cfg;
+    p.tp_rank = rank;
+    if (o) {
+        p.lease_ms = o->lease_ms;
+        p.reap_interval_ms = o->reap_ms;
+        p.max_pending_events = o->max_events;
+        p.peer_max_reservations = o->peer_max;
+        p.pool = o->pool;
+        p.model = "m";
+    }
+    ASSERT_OK(kvp_ec_worker_create(&p, &c->w));
+}
+
+static void stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st)
+{
+    memset(st, 0, sizeof *st);
+    st->size = sizeof *st;
+    kvp_ec_worker_stats(w, st);
+}
+
+static const char *RESERVE_FMT = "{\"op\":\"reserve\",\"transfer_id\":\"%s\",\"mm_hash\":\"%s\",\"nbytes\":64,"
+                                 "\"shape\":[4,8],\"dtype\":\"bfloat16\"}";
+
+static const char *reserve(rc_t *c, const char *tid, const char *hash)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, RESERVE_FMT, tid, hash);
+    return rc(c, buf);
+}
+
+/* ---- control server scenarios ---- */
+
+TEST(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, NULL);
+    rc_t r;
+    rc_open(&r, c.addr);
+    ASSERT_STR_EQ(rc(&r, "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\":\"H\",\"nbytes\":100,"
+                         "\"shape\":[4,8],\"dtype\":\"bfloat16\"}"),
+                  "{\"ok\":false,\"error\":\"shape and dtype do not match nbytes\"}");
+    /* the server goes on: the right size reserves a slot to write */
+    const char *ok = reserve(&r, "T", "H");
+    ASSERT(strstr(ok, "\"ok\":true"));
+    ASSERT(strstr(ok, "\"write\":true"));
+    ASSERT(strstr(ok, "\"nbytes\":64"));
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_s49_cancel_while_writing_deferred_then_complete_frees)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, NULL);
+    rc_t r;
+    rc_open(&r, c.addr);
+    char rid[64], buf[256];
+    field(reserve(&r, "T", "H"), "reservation_id", rid, sizeof rid);
+    ASSERT_EQ(strlen(rid), 32);
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.reservations_active, 1);
+    ASSERT_GE(st.bytes_reserved, 64);
+    /* no abandon while WRITING: deferred, the memory kept for the writer */
+    ASSERT_STR_EQ(rc(&r, "{\"op\":\"cancel\",\"transfer_id\":\"T\"}"),
+                  "{\"ok\":true,\"result\":{\"cancelled\":true,\"deferred\":true}}");
+    stats(c.w, &st);
+    ASSERT_GE(st.bytes_reserved, 64);
+    snprintf(buf, sizeof buf, "{\"op\":\"complete\",\"transfer_id\":\"T\",\"reservation_id\":\"%s\"}", rid);
+    ASSERT_STR_EQ(rc(&r, buf), "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":false}}");
+    stats(c.w, &st);
+    ASSERT_EQ(st.bytes_reserved, 0);
+    ASSERT_EQ(st.reservations_active, 0);
+    ASSERT_STR_EQ(rc(&r, "{\"op\":\"status\",\"transfer_id\":\"T\"}"), "{\"ok\":true,\"result\":null}");
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_s37_cancel_unknown_leaves_tombstone_reserve_cancelled)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, NULL);
+    rc_t r;
+    rc_open(&r, c.addr);
+    ASSERT_STR_EQ(rc(&r, "{\"op\":\"cancel\",\"transfer_id\":\"T\"}"),
+                  "{\"ok\":true,\"result\":{\"cancelled\":true}}");
+    const char *rep = reserve(&r, "T", "H");
+    ASSERT(strstr(rep, "\"cancelled\":true"));
+    ASSERT(strstr(rep, "\"write\":false"));
+    ASSERT(strstr(rep, "\"reservation_id\":\"\""));
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.bytes_reserved, 0);
+    ASSERT_EQ(st.tombstones, 1);
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_control_ops_peers_event_port_status)
+{
+    uint16_t base = free_ports(2);
+    cons_t c;
+    cons_start(&c, base, 2, 1, 1 << 20, NULL); /* rank 1 listens on base + 1 */
+    char addr[64], want[128];
+    snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", (unsigned)(base + 1));
+    ASSERT_STR_EQ(kvp_ec_worker_control_addr(c.w), addr);
+    rc_t r;
+    rc_open(&r, addr);
+    snprintf(want, sizeof want, "{\"ok\":true,\"result\":{\"ports\":[%u,%u]}}", (unsigned)base, (unsigned)base + 1);
+    ASSERT_STR_EQ(rc(&r, "{\"op\":\"peers\"}"), want);
+    const char *ep = rc(&r, "{\"op\":\"event_port\"}");
+    ASSERT(strncmp(ep, "{\"ok\":true,\"result\":", 20) == 0);
+    long port = strtol(ep + 20, NULL, 10);
+    ASSERT(port > 0 && port < 65536);
+    char rid[64];
+    field(reserve(&r, "T", "H"), "reservation_id", rid, sizeof rid);
+    const char *s = rc(&r, "{\"op\":\"status\",\"transfer_id\":\"T\"}");
+    ASSERT(strstr(s, "\"mm_hash\":\"H\""));
+    ASSERT(strstr(s, "\"ready\":false"));
+    ASSERT(strstr(s, rid));
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_control_bad_input_gets_error_replies_server_goes_on)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, NULL);
+    rc_t r;
+    rc_open(&r, c.addr);
+    static const char *bad[] = {
+        "not json",
+        "[1,2]",
+        "{\"op\":\"frobnicate\"}",
+        "{\"op\":7}",
+        "{\"op\":\"status\"}",
+        "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\":\"H\",\"nbytes\":\"64\",\"shape\":[4,8],\"dtype\":\"bfloat16\"}",
+        "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\":\"H\",\"nbytes\":64,\"shape\":[4,8],\"dtype\":\"quaternion\"}",
+        "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\":\"H\",\"nbytes\":64,\"shape\":\"4x8\",\"dtype\":\"bfloat16\"}",
+        "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\":\"H\",\"nbytes\":64,\"shape\":[-4,-8],\"dtype\":\"bfloat16\"}",
+        "{\"op\":\"complete\",\"transfer_id\":\"T\"}",
+        "{\"op\":\"complete_batch\",\"items\":5}",
+        "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\"",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *rep = rc(&r, bad[i]);
+        ASSERT_MSG(strncmp(rep, "{\"ok\":false,\"error\":\"", 21) == 0, "request %zu: %s", i, rep);
+    }
+    ASSERT_STR_EQ(rc(&r, "{\"op\":\"frobnicate\"}"), "{\"ok\":false,\"error\":\"unknown control op: 'frobnicate'\"}");
+    ASSERT(strstr(rc(&r, "{\"op\":\"reserve\",\"transfer_id\":\"T\",\"mm_hash\":\"H\",\"nbytes\":64,\"shape\":[4,8],"
+                         "\"dtype\":\"quaternion\"}"),
+                  "Unsupported torch dtype string: 'quaternion'"));
+    /* an oversized frame: an error reply, not a dropped connection */
+    size_t big = 70 * 1024;
+    char *huge = kvp__malloc(big);
+    memset(huge, ' ', big);
+    huge[0] = '{';
+    huge[big - 1] = '}';
+    ASSERT(strstr(rc_req(&r, huge, big), "\"ok\":false"));
+    kvp__free(huge, big);
+    /* a conflicting mm_hash for a transfer id */
+    ASSERT(strstr(reserve(&r, "T", "H1"), "\"ok\":true"));
+    ASSERT_STR_EQ(reserve(&r, "T", "H2"), "{\"ok\":false,\"error\":\"conflicting reservation for transfer_id\"}");
+    /* and the server still serves */
+    ASSERT(strstr(rc(&r, "{\"op\":\"peers\"}"), "\"ok\":true"));
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_GE(st.control_errors, 15);
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_control_peer_cap_healthy_peer_served_leases_expire)
+{
+    cons_opts_t o = {.lease_ms = 300, .reap_ms = 50, .peer_max = 3};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, &o);
+    rc_t hostile, healthy;
+    rc_open(&hostile, c.addr);
+    rc_open(&healthy, c.addr);
+    char tid[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(tid, sizeof tid, "A%d", i);
+        ASSERT(strstr(reserve(&hostile, tid, tid), "\"ok\":true"));
+    }
+    ASSERT_STR_EQ(reserve(&hostile, "A3", "A3"), "{\"ok\":false,\"error\":\"peer reservation cap reached\"}");
+    ASSERT(strstr(reserve(&healthy, "B0", "B0"), "\"write\":true"));
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.reserves_capped, 1);
+    ASSERT_EQ(st.reservations_active, 4);
+    /* the hostile peer never writes or completes: its leases run out and the
+     * reaper turns its WRITING records into EXPIRE_PENDING (memory kept for a
+     * writer that may still be writing) */
+    usleep(700 * 1000);
+    ASSERT(strstr(reserve(&healthy, "B1", "B1"), "\"ok\":true"));
+    stats(c.w, &st);
+    ASSERT_GE(st.expired + st.reservations_active, 1);
+    rc_close(&hostile);
+    rc_close(&healthy);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_events_bounded_queue_drops_oldest)
+{
+    cons_opts_t o = {.max_events = 2};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, &o);
+    rc_t r;
+    rc_open(&r, c.addr);
+    char tid[16], rid[64], buf[256];
+    for (int i = 0; i < 4; i++) {
+        snprintf(tid, sizeof tid, "T%d", i);
+        field(reserve(&r, tid, tid), "reservation_id", rid, sizeof rid);
+        snprintf(buf, sizeof buf, "{\"op\":\"complete\",\"transfer_id\":\"%s\",\"reservation_id\":\"%s\"}", tid, rid);
+        ASSERT_STR_EQ(rc(&r, buf), "{\"ok\":true,\"result\":{\"completed\":true,\"became_ready\":true}}");
+    }
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.events_dropped, 2);
+    /* the inbox connects now and gets the two newest, whole */
+    const char *ep = rc(&r, "{\"op\":\"event_port\"}");
+    long port = strtol(ep + 20, NULL, 10);
+    void *ctx = zmq_ctx_new(), *pull = zmq_socket(ctx, ZMQ_PULL);
+    int t = 3000, zero = 0;
+    zmq_setsockopt(pull, ZMQ_RCVTIMEO, &t, sizeof t);
+    zmq_setsockopt(pull, ZMQ_LINGER, &zero, sizeof zero);
+    snprintf(buf, sizeof buf, "tcp://127.0.0.1:%ld", port);
+    ASSERT_EQ(zmq_connect(pull, buf), 0);
+    char ev[1024];
+    for (int i = 2; i < 4; i++) {
+        int n = zmq_recv(pull, ev, sizeof ev - 1, 0);
+        ASSERT_GT(n, 0);
+        ev[n] = 0;
+        snprintf(tid, sizeof tid, "\"T%d\"", i);
+        ASSERT_MSG(strstr(ev, tid), "event %s", ev);
+        ASSERT(strstr(ev, "\"ready\":true"));
+        ASSERT(strstr(ev, "\"shape\":[4,8]"));
+        ASSERT(strstr(ev, "\"dtype\":\"bfloat16\""));
+        ASSERT(strstr(ev, "\"nbytes\":64"));
+        ASSERT(strstr(ev, "\"shard\":"));
+    }
+    zmq_close(pull);
+    zmq_ctx_term(ctx);
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* ---- pushes end to end ---- */
+
+typedef struct {
+    char hash[64];
+    uint8_t *data; /* owned copy (consumer puts point into its pool; copied here) */
+    int64_t nbytes;
+} cent_t;
+
+typedef struct {
+    cent_t e[16];
+    size_t n;
+} cache_t;
+
+static bool c_has(void *ctx, const char *h)
+{
+    cache_t *c = ctx;
+    for (size_t i = 0; i < c->n; i++)
+        if (!strcmp(c->e[i].hash, h))
+            return true;
+    return false;
+}
+
+static bool c_get(void *ctx, const char *h, kvp_ec_tensor_t *t)
+{
+    (void)ctx, (void)h, (void)t;
+    return false;
+}
+
+static void c_put(void *ctx, const char *h, const kvp_ec_tensor_t *t)
+{
+    cache_t *c = ctx;
+    ASSERT(c->n < 16);
+    cent_t *e = &c->e[c->n++];
+    snprintf(e->hash, sizeof e->hash, "%s", h);
+    e->nbytes = t->nbytes;
+    e->data = kvp__malloc((size_t)t->nbytes);
+    memcpy(e->data, t->data, (size_t)t->nbytes);
+}
+
+static void cache_free(cache_t *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        kvp__free(c->e[i].data, (size_t)c->e[i].nbytes);
+    c->n = 0;
+}
+
+static kvp_ec_encoder_cache_t cache_iface(cache_t *c) { return (kvp_ec_encoder_cache_t){c_has, c_get, c_put, c}; }
+
+static void fill(uint8_t *p, size_t n, const char *hash)
+{
+    uint64_t x = 1469598103934665603ull; /* FNV-1a of the hash, then an LCG */
+    for (const char *c = hash; *c; c++)
+        x = (x ^ (uint8_t)*c) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (uint8_t)(x >> 56);
+    }
+}
+
+typedef struct {
+    atomic_int n, ok, cached, written;
+    kvp_status_t last;
+    bool retryable;
+} pushes_t;
+
+static void on_push(void *ctx, const kvp_ec_push_record_t *r)
+{
+    pushes_t *p = ctx;
+    p->last = r->status;
+    p->retryable = r->retryable;
+    atomic_fetch_add(&p->written, (int)r->written);
+    if (r->status == KVP_OK)
+        atomic_fetch_add(&p->ok, 1);
+    if (r->cached)
+        atomic_fetch_add(&p->cached, 1);
+    atomic_fetch_add(&p->n, 1);
+}
+
+typedef struct {
+    kvp_ec_config_t cfg;
+    kvp_ec_zmq_t *z;
+    kvp_ec_sched_t *s;
+} sched_t;
+
+static void sched_start_x(sched_t *x, bool producer, const char *control_addr, int tp, int64_t pool_size, bool cross)
+{
+    memset(x, 0, sizeof *x);
+    kvp_ec_config_init(&x->cfg);
+    x->cfg.is_producer = producer;
+    x->cfg.is_consumer = !producer;
+    x->cfg.control_addr = control_addr;
+    x->cfg.tp_size = producer ? 1 : tp;
+    x->cfg.pool_size = pool_size;
+    x->cfg.hidden_dim = 1024;
+    x->cfg.dtype = KVP_EC_DTYPE_BFLOAT16;
+    x->cfg.control_timeout_ms = 2000;
+    x->cfg.push_wait_timeout_s = 10;
+    x->cfg.cross_encoder_cache = cross;
+    ASSERT_OK(kvp_ec_zmq_create(2000, 2, &x->z));
+    kvp_ec_sched_params_t p;
+    kvp_ec_sched_params_init(&p);
+    p.config = &x->cfg;
+    p.clock = kvp_ec_clock_monotonic();
+    p.control = kvp_ec_zmq_control(x->z);
+    p.executor = kvp_ec_zmq_executor(x->z);
+    p.inbox = kvp_ec_zmq_inbox(x->z);
+    ASSERT_OK(kvp_ec_sched_create(&p, &x->s));
+}
+
+static void sched_start(sched_t *x, bool producer, const char *control_addr, int tp, int64_t pool_size)
+{
+    sched_start_x(x, producer, control_addr, tp, pool_size, false);
+}
+
+static void sched_stop(sched_t *x)
+{
+    kvp_ec_sched_close(x->s);
+    kvp_ec_sched_destroy(x->s);
+    kvp_ec_zmq_destroy(x->z);
+}
+
+typedef struct {
+    kvp_ec_feature_t feat;
+    kvp_ec_item_t item;
+    kvp_ec_transfer_params_t params;
+    kvp_ec_request_t req;
+} one_t;
+
+/* A request with one image of 256 embeddings (256 x 1024 bf16 = 512 KiB). */
+static void one(one_t *o, const char *rid, const char *hash, const char *tid, const char *czmq)
+{
+    memset(o, 0, sizeof *o);
+    o->feat = (kvp_ec_feature_t){hash, "image", 0, 256, 256};
+    o->item = (kvp_ec_item_t){hash, tid};
+    o->params.consumer_zmq = czmq;
+    o->params.items = &o->item;
+    o->params.n_items = 1;
+    o->req = (kvp_ec_request_t){rid, &o->feat, 1, &o->params};
+}
+
+#define NBYTES (256 * 1024 * 2)
+
+typedef struct {
+    kvp_ec_worker_t *w;
+    kvp_ec_config_t cfg;
+    sched_t s;
+    pushes_t pushes;
+} prod_t;
+
+static void prod_start(prod_t *p, const char *consumer_addr, kvp_pool_t *pool, int64_t timeout_ms)
+{
+    memset(p, 0, sizeof *p);
+    sched_start_x(&p->s, true, consumer_addr, 1, 64 << 20, pool != NULL);
+    kvp_ec_config_init(&p->cfg);
+    p->cfg.is_producer = true;
+    p->cfg.control_addr = consumer_addr;
+    p->cfg.pool_size = 64 << 20;
+    p->cfg.hidden_dim = 1024;
+    p->cfg.control_timeout_ms = timeout_ms;
+    p->cfg.cross_encoder_cache = pool != NULL;
+    kvp_ec_worker_params_t wp;
+    kvp_ec_worker_params_init(&wp);
+    wp.config = &p->cfg;
+    wp.pool = pool;
+    wp.model = "m";
+    wp.on_push = on_push;
+    wp.on_push_ctx = &p->pushes;
+    ASSERT_OK(kvp_ec_worker_create(&wp, &p->w));
+}
+
+static void prod_stop(prod_t *p)
+{
+    kvp_ec_worker_destroy(p->w);
+    sched_stop(&p->s);
+}
+
+/* The producer's step for a request: alloc -> meta -> start_save -> save,
+ * then steps until the worker reports no pending saves. */
+static void produce(prod_t *p, one_t *o)
+{
+    bool ok;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(p->s.s, &o->req, 0, &ok));
+    ASSERT_OK(kvp_ec_sched_update_state_after_alloc(p->s.s, &o->req, 0));
+    kvp_ec_meta_t m;
+    ASSERT_OK(kvp_ec_sched_build_connector_meta(p->s.s, NULL, 0, NULL, 0, &m));
+    ASSERT_EQ(m.n_pushes, 1);
+    ASSERT_EQ(m.pushes[0].nbytes, NBYTES);
+    cache_t none = {0};
+    kvp_ec_encoder_cache_t ci = cache_iface(&none);
+    ASSERT_OK(kvp_ec_worker_start_save_caches(p->w, &m, &ci));
+    kvp_ec_meta_cleanup(&m);
+    uint8_t *out = kvp__malloc(NBYTES);
+    fill(out, NBYTES, o->feat.identifier);
+    int64_t shape[2] = {256, 1024};
+    kvp_ec_tensor_t t = {out, NBYTES, shape, 2, KVP_EC_DTYPE_BFLOAT16};
+    ASSERT_OK(kvp_ec_worker_save_caches(p->w, o->feat.identifier, &t));
+    memset(out, 0, NBYTES); /* the worker copied it */
+    kvp__free(out, NBYTES);
+    uint64_t dl = kvp__now_ns() + 10000000000ull;
+    for (;;) {
+        kvp_ec_worker_meta_t wm;
+        bool has;
+        ASSERT_OK(kvp_ec_worker_build_meta(p->w, &wm, &has));
+        ASSERT(has);
+        bool pending = wm.pending_saves;
+        ASSERT_OK(kvp_ec_sched_update_connector_output(p->s.s, &wm));
+        kvp_ec_worker_meta_cleanup(&wm);
+        if (!pending)
+            break;
+        ASSERT(kvp__now_ns() < dl);
+        usleep(2000);
+    }
+}
+
+/* The consumer's steps for a request until its image is in cache (or the
+ * deadline).  Returns true when loaded. */
+static bool consume(sched_t *s, kvp_ec_worker_t *const *workers, size_t nw, cache_t *caches, one_t *o)
+{
+    uint64_t dl = kvp__now_ns() + 10000000000ull;
+    while (kvp__now_ns() < dl) {
+        bool has = false, ready = false;
+        ASSERT_OK(kvp_ec_sched_ensure_cache_available(s->s, &o->req, 0, &ready));
+        if (ready)
+            return true;
+        ASSERT_OK(kvp_ec_sched_has_cache_item(s->s, o->feat.identifier, &has));
+        (void)has;
+        kvp_ec_meta_t m;
+        ASSERT_OK(kvp_ec_sched_build_connector_meta(s->s, NULL, 0, NULL, 0, &m));
+        kvp_ec_worker_meta_t agg = {0};
+        bool have_agg = false;
+        for (size_t i = 0; i < nw; i++) {
+            kvp_ec_encoder_cache_t ci = cache_iface(&caches[i]);
+            ASSERT_OK(kvp_ec_worker_start_load_caches(workers[i], &m, &ci));
+            kvp_ec_worker_meta_t wm;
+            bool hw;
+            ASSERT_OK(kvp_ec_worker_build_meta(workers[i], &wm, &hw));
+            ASSERT(hw);
+            if (!have_agg) {
+                agg = wm;
+                have_agg = true;
+            } else {
+                kvp_ec_worker_meta_t out;
+                ASSERT_OK(kvp_ec_worker_meta_aggregate(&agg, &wm, &out));
+                kvp_ec_worker_meta_cleanup(&agg);
+                kvp_ec_worker_meta_cleanup(&wm);
+                agg = out;
+            }
+        }
+        kvp_ec_meta_cleanup(&m);
+        ASSERT_OK(kvp_ec_sched_update_connector_output(s->s, &agg));
+        kvp_ec_worker_meta_cleanup(&agg);
+        usleep(2000);
+    }
+    return false;
+}
+
+static void check_bytes(const cache_t *c, const char *hash)
+{
+    uint8_t *want = kvp__malloc(NBYTES);
+    fill(want, NBYTES, hash);
+    bool found = false;
+    for (size_t i = 0; i < c->n; i++)
+        if (!strcmp(c->e[i].hash, hash)) {
+            found = true;
+            ASSERT_EQ(c->e[i].nbytes, NBYTES);
+            ASSERT_MEM_EQ(c->e[i].data, want, NBYTES);
+        }
+    ASSERT(found);
+    kvp__free(want, NBYTES);
+}
+
+TEST(test_ec_s33_push_then_event_then_load_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po, co;
+    one(&po, "r1", "H1", "T1", c.addr);
+    one(&co, "r1", "H1", "T1", NULL);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.ok), 1);
+    ASSERT_EQ(atomic_load(&p.pushes.written), 1);
+    cache_t cache = {0};
+    kvp_ec_worker_t *ws[1] = {c.w};
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    check_bytes(&cache, "H1");
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.takes, 1);
+    ASSERT_EQ(st.push_bytes, NBYTES);
+    cache_free(&cache);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_s35_two_shards_both_written_loaded_on_both)
+{
+    uint16_t base = free_ports(2);
+    cons_t c0, c1;
+    cons_start(&c0, base, 2, 0, 16 << 20, NULL);
+    cons_start(&c1, base, 2, 1, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c0.addr, 2, 16 << 20);
+    prod_t p;
+    prod_start(&p, c0.addr, NULL, 2000);
+    one_t po, co;
+    one(&po, "r1", "H2", "T2", c0.addr);
+    one(&co, "r1", "H2", "T2", NULL);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.written), 2);
+    cache_t caches[2];
+    memset(caches, 0, sizeof caches);
+    kvp_ec_worker_t *ws[2] = {c0.w, c1.w};
+    ASSERT(consume(&cs, ws, 2, caches, &co));
+    check_bytes(&caches[0], "H2");
+    check_bytes(&caches[1], "H2");
+    cache_free(&caches[0]);
+    cache_free(&caches[1]);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c0.w);
+    kvp_ec_worker_destroy(c1.w);
+}
+
+TEST(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    memset(&cs, 0, sizeof cs);
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    /* push_wait_timeout 1 s (a new scheduler: the config is read at create) */
+    kvp_ec_sched_close(cs.s);
+    kvp_ec_sched_destroy(cs.s);
+    kvp_ec_zmq_destroy(cs.z);
+    cs.cfg.push_wait_timeout_s = 1;
+    ASSERT_OK(kvp_ec_zmq_create(500, 2, &cs.z));
+    kvp_ec_sched_params_t p;
+    kvp_ec_sched_params_init(&p);
+    p.config = &cs.cfg;
+    p.clock = kvp_ec_clock_monotonic();
+    p.control = kvp_ec_zmq_control(cs.z);
+    p.executor = kvp_ec_zmq_executor(cs.z);
+    p.inbox = kvp_ec_zmq_inbox(cs.z);
+    ASSERT_OK(kvp_ec_sched_create(&p, &cs.s));
+    one_t co;
+    one(&co, "r1", "H5", "T5", NULL);
+    uint64_t t0 = kvp__now_ns();
+    size_t seen = 0;
+    while (kvp__now_ns() - t0 < 3000000000ull) {
+        bool ready;
+        ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready));
+        ASSERT(!ready);
+        kvp_ec_strlist_t l;
+        ASSERT_OK(kvp_ec_sched_take_unavailable_requests(cs.s, &l));
+        if (l.n) {
+            ASSERT_EQ(l.n, 1);
+            ASSERT_STR_EQ(l.v[0], "r1");
+            ASSERT_GE(kvp__now_ns() - t0, 900000000ull); /* not before the wait */
+        }
+        seen += l.n;
+        kvp_ec_strlist_cleanup(&l);
+        usleep(20000);
+    }
+    ASSERT_EQ(seen, 1); /* once, not again */
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    one_t po, co;
+    one(&po, "r1", "H6", "T6", c.addr);
+    one(&co, "r1", "H6", "T6", NULL);
+    /* the consumer's request finishes before any push: the scheduler
+     * tombstones T6 and cancels it remotely on the consumer's shard */
+    kvp_ec_finished_t fin;
+    ASSERT_OK(kvp_ec_sched_request_finished(cs.s, &co.req, &fin));
+    kvp_ec_finished_cleanup(&fin);
+    kvp_ec_worker_stats_t st;
+    uint64_t dl = kvp__now_ns() + 5000000000ull;
+    do {
+        kvp_ec_meta_t m;
+        ASSERT_OK(kvp_ec_sched_build_connector_meta(cs.s, NULL, 0, NULL, 0, &m)); /* runs the cancel jobs' upkeep */
+        kvp_ec_meta_cleanup(&m);
+        usleep(5000);
+        stats(c.w, &st);
+    } while (st.tombstones == 0 && kvp__now_ns() < dl);
+    ASSERT_EQ(st.tombstones, 1);
+    /* the producer's reserve for it comes back cancelled: nothing written */
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 1);
+    ASSERT_EQ(atomic_load(&p.pushes.written), 0);
+    stats(c.w, &st);
+    ASSERT_EQ(st.push_bytes, 0);
+    ASSERT_EQ(st.bytes_reserved, 0);
+    /* and no record is revived on the consumer's scheduler */
+    bool has;
+    ASSERT_OK(kvp_ec_sched_has_cache_item(cs.s, "H6", &has));
+    ASSERT(!has);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_cross_encoder_cache_reserve_hits_pool)
+{
+    kvp_pool_t *pool;
+    ASSERT_OK(kvp_pool_open("embedded://?capacity=64MiB", &pool));
+    cons_opts_t o = {.pool = pool};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, &o);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, pool, 2000);
+    one_t po, co;
+    one(&po, "r1", "H3", "T3", c.addr);
+    one(&co, "r1", "H3", "T3", NULL);
+    produce(&p, &po); /* pushed, and put into the pool */
+    cache_t cache = {0};
+    kvp_ec_worker_t *ws[1] = {c.w};
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    cache_free(&cache);
+    kvp_ec_worker_stats_t pst;
+    stats(p.w, &pst);
+    ASSERT_EQ(pst.cross_cache_puts, 1);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+    /* A fresh consumer (nothing resident) sharing the pool: a reserve of H3
+     * for another request is served from the pool, nothing is written. */
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, &o);
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_stop(&p);
+    prod_start(&p, c.addr, pool, 2000);
+    one(&po, "r2", "H3", "T4", c.addr);
+    one(&co, "r2", "H3", "T4", NULL);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.written), 0);
+    ASSERT_EQ(atomic_load(&p.pushes.cached), 1);
+    ws[0] = c.w;
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    check_bytes(&cache, "H3");
+    kvp_ec_worker_stats_t cst;
+    stats(c.w, &cst);
+    ASSERT_EQ(cst.cross_cache_hits, 1);
+    ASSERT_EQ(cst.push_bytes, 0);
+    cache_free(&cache);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+    kvp_pool_close(pool);
+}
+
+TEST(test_ec_producer_consumer_gone_retryable_failed_save)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", (unsigned)free_ports(1)); /* nobody listens */
+    prod_t p;
+    prod_start(&p, addr, NULL, 300);
+    one_t po;
+    one(&po, "r9", "H9", "T9", addr);
+    bool ok;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(p.s.s, &po.req, 0, &ok));
+    ASSERT_OK(kvp_ec_sched_update_state_after_alloc(p.s.s, &po.req, 0));
+    kvp_ec_meta_t m;
+    ASSERT_OK(kvp_ec_sched_build_connector_meta(p.s.s, NULL, 0, NULL, 0, &m));
+    cache_t none = {0};
+    kvp_ec_encoder_cache_t ci = cache_iface(&none);
+    ASSERT_OK(kvp_ec_worker_start_save_caches(p.w, &m, &ci));
+    kvp_ec_meta_cleanup(&m);
+    uint64_t dl = kvp__now_ns() + 10000000000ull;
+    bool failed = false;
+    while (!failed && kvp__now_ns() < dl) {
+        kvp_ec_worker_meta_t wm;
+        bool has;
+        ASSERT_OK(kvp_ec_worker_build_meta(p.w, &wm, &has));
+        for (size_t i = 0; i < wm.n_failed_saves; i++)
+            if (!strcmp(wm.failed_saves[i], "r9"))
+                failed = true;
+        ASSERT_OK(kvp_ec_sched_update_connector_output(p.s.s, &wm));
+        kvp_ec_worker_meta_cleanup(&wm);
+        usleep(5000);
+    }
+    ASSERT(failed);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 1);
+    ASSERT(p.pushes.last != KVP_OK);
+    ASSERT(p.pushes.retryable);
+    kvp_ec_strlist_t l;
+    ASSERT_OK(kvp_ec_sched_take_unavailable_requests(p.s.s, &l));
+    ASSERT_EQ(l.n, 1);
+    ASSERT_STR_EQ(l.v[0], "r9");
+    kvp_ec_strlist_cleanup(&l);
+    prod_stop(&p);
+}
+
+TEST(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest)
+{
+    char *l1[] = {"A", "B"}, *l2[] = {"B", "C"}, *f1[] = {"X"}, *f2[] = {"Y"};
+    kvp_ec_worker_meta_t a = {.loaded = l1, .n_loaded = 2, .failed_loads = f1, .n_failed_loads = 1};
+    kvp_ec_worker_meta_t b = {.loaded = l2, .n_loaded = 2, .failed_loads = f2, .n_failed_loads = 1,
+                              .pending_saves = true};
+    kvp_ec_worker_meta_t o;
+    ASSERT_OK(kvp_ec_worker_meta_aggregate(&a, &b, &o));
+    ASSERT_EQ(o.n_loaded, 1);
+    ASSERT_STR_EQ(o.loaded[0], "B");
+    ASSERT_EQ(o.n_failed_loads, 2);
+    ASSERT(o.pending_saves);
+    kvp_ec_worker_meta_cleanup(&o);
+}
+
+TEST(test_ec_worker_config_validation_scenario_46)
+{
+    kvp_ec_config_t c;
+    kvp_ec_config_init(&c);
+    c.is_producer = true;
+    c.tp_size = 2;
+    c.control_addr = "tcp://127.0.0.1:5000";
+    c.pool_size = 1 << 20;
+    c.hidden_dim = 8;
+    kvp_ec_worker_params_t p;
+    kvp_ec_worker_params_init(&p);
+    p.config = &c;
+    kvp_ec_worker_t *w = NULL;
+    ASSERT_EQ(kvp_ec_worker_create(&p, &w), KVP_ERR_BAD_CONFIG);
+    ASSERT(!w);
+    c.is_producer = false;
+    c.is_consumer = true;
+    c.control_addr = "tcp://127.0.0.1:65535";
+    ASSERT_EQ(kvp_ec_worker_create(&p, &w), KVP_ERR_BAD_CONFIG);
+    c.control_addr = NULL;
+    c.ec_ip = "127.0.0.1";
+    c.ec_port = 65535;
+    ASSERT_EQ(kvp_ec_worker_create(&p, &w), KVP_ERR_BAD_CONFIG);
+    c.tp_size = 1;
+    c.control_timeout_ms = 0;
+    ASSERT_EQ(kvp_ec_worker_create(&p, &w), KVP_ERR_BAD_CONFIG);
+}
+
+TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
+          T(test_ec_s49_cancel_while_writing_deferred_then_complete_frees),
+          T(test_ec_s37_cancel_unknown_leaves_tombstone_reserve_cancelled), T(test_ec_control_ops_peers_event_port_status),
+          T(test_ec_control_bad_input_gets_error_replies_server_goes_on),
+          T(test_ec_control_peer_cap_healthy_peer_served_leases_expire), T(test_ec_events_bounded_queue_drops_oldest),
+          T(test_ec_s33_push_then_event_then_load_end_to_end), T(test_ec_s35_two_shards_both_written_loaded_on_both),
+          T(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end),
+          T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
+          T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_producer_consumer_gone_retryable_failed_save),
+          T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
+          T(test_ec_worker_config_validation_scenario_46))
