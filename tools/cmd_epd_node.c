@@ -162,6 +162,7 @@ static void on_push(void *ctx, const kvp_ec_push_record_t *r)
     jint(&b, "write_start_ns", (int64_t)r->write_start_ns);
     jint(&b, "write_done_ns", (int64_t)r->write_done_ns);
     jint(&b, "complete_done_ns", (int64_t)r->complete_done_ns);
+    jstr(&b, "path", r->written == 0 ? "none" : r->path == KVP_EC_PUSH_UCX ? "ucx" : "tcp");
     kvp__jw_puts(&b, "}\n");
     emit(n, &b);
     kvp__jw_cleanup(&b);

@@ -208,7 +208,7 @@ typedef struct run {
     kvp__strmap_t xfers;       /* tid -> xfer */
     kvp__json_parser_t jp;
     uint32_t next, inflight, sent, ended, done, retryable, failed_reqs;
-    uint64_t push_records, push_ok, push_failed, bytes_pushed, protocol_errors;
+    uint64_t encoder_not_done, push_records, push_ok, push_failed, bytes_pushed, protocol_errors, via_ucx, via_tcp;
     bool encoder_dead, killed_encoder, prefill_ready, encoder_ready, rtt_done;
     double rtt_p50_us;
     stats_line_t pf, enc;      /* the last stats lines */
@@ -296,7 +296,10 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
         else
             r->failed_reqs++;
     } else if (!strcmp(ev, "end")) {
-        /* the encoder instance's request ended: nothing to count */
+        /* the encoder instance's request ended: counted on the prefill side */
+        if (kvp__epd_json_str(o, "outcome", ev, sizeof ev) && strcmp(ev, "done") && kvp__epd_json_str(o, "id", s, sizeof s))
+            kvp_warn_rl("replay --epd: the encoder node ended %s: %s", s, ev);
+        r->encoder_not_done += strcmp(ev, "done") != 0;
     } else if (!strcmp(ev, "push") && !prefill) {
         int64_t nb, wr, st, t[4];
         bool cached;
@@ -309,9 +312,15 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
         r->push_records++;
         if (st != KVP_OK) {
             r->push_failed++;
+            kvp_warn("replay --epd: the push of %s failed after %" PRId64 " of %" PRId64 " shards written: %s", s, wr,
+                     jint0(o, "shards"), kvp_status_str((kvp_status_t)st));
             return;
         }
         r->push_ok++;
+        char path[8] = "";
+        kvp__epd_json_str(o, "path", path, sizeof path);
+        r->via_ucx += !strcmp(path, "ucx");
+        r->via_tcp += !strcmp(path, "tcp");
         r->bytes_pushed += (uint64_t)nb * (uint64_t)wr;
         xfer_t *x = xfer_get(r, s);
         if (x) {
@@ -509,14 +518,16 @@ static int report(run_t *r, double mc, double wall_s)
 {
     size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0;
     uint64_t *lat = kvp__calloc(n ? n : 1, sizeof *lat), *res = kvp__calloc(n ? n : 1, sizeof *res);
-    uint64_t *cres = kvp__calloc(n ? n : 1, sizeof *cres);
+    uint64_t *cres = kvp__calloc(n ? n : 1, sizeof *cres), *wr = kvp__calloc(n ? n : 1, sizeof *wr);
+    size_t nwr = 0;
     uint64_t write_ns = 0, written_bytes = 0, no_event = 0;
-    for (size_t i = 0; lat && res && cres && i < r->xfers.cap; i++) {
+    for (size_t i = 0; lat && res && cres && wr && i < r->xfers.cap; i++) {
         const xfer_t *x = r->xfers.slots[i].val;
         if (!r->xfers.slots[i].key || !x->pushed)
             continue;
         if (x->written > 0) {
             write_ns += x->write_done > x->write_start ? x->write_done - x->write_start : 0;
+            wr[nwr++] = x->write_done > x->write_start ? x->write_done - x->write_start : 0;
             written_bytes += (uint64_t)x->nbytes * (uint64_t)x->written;
             res[nres++] = x->reserve_done - x->reserve_sent;
             if (x->event_ns > x->reserve_sent)
@@ -550,8 +561,9 @@ static int report(run_t *r, double mc, double wall_s)
     printf("  cross-encoder cache hits %" PRId64 ", cached reserves %" PRId64 ", encoded on the prefill node %" PRId64
            "\n",
            r->pf.cross_cache_hits, r->pf.reserves_cached, r->pf.encoded);
-    printf("  push bandwidth %.2f GB/s (memcpy baseline %.2f GB/s, %.0f %%)\n", push_gbps, mc,
-           mc > 0 ? 100 * push_gbps / mc : 0.0);
+    printf("  push bandwidth %.2f GB/s (memcpy baseline %.2f GB/s, %.0f %%; %" PRIu64 " over UCX, %" PRIu64
+           " over TCP; write p50 %.0f us)\n",
+           push_gbps, mc, mc > 0 ? 100 * push_gbps / mc : 0.0, r->via_ucx, r->via_tcp, pct_us(wr, nwr, 0.5));
     printf("  push latency (reserve -> readiness event) p50 %.0f us, p99 %.0f us%s\n", p50, p99,
            no_event ? " (some pushes had no event)" : "");
     printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us\n", r50, cr50,
@@ -587,6 +599,7 @@ static int report(run_t *r, double mc, double wall_s)
     kvp__free(lat, (n ? n : 1) * sizeof *lat);
     kvp__free(res, (n ? n : 1) * sizeof *res);
     kvp__free(cres, (n ? n : 1) * sizeof *cres);
+    kvp__free(wr, (n ? n : 1) * sizeof *wr);
     return failures || r->pf.taken != r->pf.verified || left > 0 ? 1 : 0;
 }
 

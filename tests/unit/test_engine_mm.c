@@ -794,7 +794,16 @@ TEST(test_mm_repeat_in_local_cache_cancels_its_transfer_after_free)
 
 /* A generated workload through a producer and a consumer engine (stand-in
  * wire): every request done, every output put verified, repeats hit. */
-TEST(test_mm_generated_workload_through_standin_pair)
+static void standin_pair_run(int64_t prod_cache_images);
+
+TEST(test_mm_generated_workload_through_standin_pair) { standin_pair_run(64); }
+
+/* An encoder cache of 4 images: requests are scheduled in parts (the text
+ * before an input that does not fit yet), and every push still gets its
+ * source. */
+TEST(test_mm_small_encoder_cache_every_push_gets_its_source) { standin_pair_run(4); }
+
+static void standin_pair_run(int64_t prod_cache_images)
 {
     kvp__epd_wl_params_t wp;
     kvp__epd_wl_params_init(&wp);
@@ -808,7 +817,7 @@ TEST(test_mm_generated_workload_through_standin_pair)
     kvp__strmap_init(&wire);
     side_init(&cons, false, w.hidden, 64 * w.num_embeds, 1 << 20);
     cons.w.wire = &wire;
-    side_init(&prod, true, w.hidden, 64 * w.num_embeds, 1 << 20);
+    side_init(&prod, true, w.hidden, prod_cache_images * w.num_embeds, 1 << 20);
     prod.w.wire = &wire;
     prod.w.peer_inbox = &cons.inbox;
     for (uint32_t r = 0; r < wp.requests; r++) {
@@ -878,4 +887,4 @@ TEST_LIST(T(test_epd_shape_4mib_is_512_by_4096_bf16), T(test_epd_workload_defaul
           T(test_mm_push_wait_timeout_fails_request_retryable),
           T(test_mm_encoder_cache_capacity_evicts_and_frees_reach_meta), T(test_mm_pending_push_work_keeps_stepping),
           T(test_mm_repeat_in_local_cache_cancels_its_transfer_after_free),
-          T(test_mm_generated_workload_through_standin_pair), T(test_mm_add_refuses_bad_requests))
+          T(test_mm_generated_workload_through_standin_pair), T(test_mm_small_encoder_cache_every_push_gets_its_source), T(test_mm_add_refuses_bad_requests))
