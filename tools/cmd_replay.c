@@ -8,6 +8,8 @@
  * --debug-corrupt-every N (not in usage: for tests) flips a byte of every
  * Nth block rank 0 computes, so that its saves are wrong and the loads of
  * them must be found corrupted.
+ * `kvpool replay --epd ...` (replay_epd below) is another replay: the
+ * encoder -> prefill one of src/engine/epd.h, with its own flags.
  */
 #include <errno.h>
 #include <math.h>
@@ -18,6 +20,7 @@
 #include "commands.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "engine/epd.h"
 #include "engine/replay.h"
 
 static int usage(FILE *out)
@@ -47,7 +50,8 @@ static int usage(FILE *out)
             "  --pool-timeout-ms MS       per pool call (default 2000)\n"
             "  --limit N                  the first N requests only\n"
             "  --json                     one compact JSON object as the last line of stdout\n"
-            "  --plot FILE.svg            hit rate and TTFT p50 over trace time\n");
+            "  --plot FILE.svg            hit rate and TTFT p50 over trace time\n"
+            "       kvpool replay --epd [...]: encoder -> prefill disaggregation (`kvpool replay --epd --help`)\n");
     return out == stdout ? 0 : 2;
 }
 
@@ -79,8 +83,100 @@ static bool parse_roles(const char *s, kvp__replay_params_t *p)
     return i > 0;
 }
 
+/* ---------------------------------------------------------------- --epd */
+
+static int usage_epd(FILE *out)
+{
+    fprintf(out,
+            "usage: kvpool replay --epd [options]\n"
+            "  an encoder process and a prefill process (each an engine instance with the EC connector's\n"
+            "  real scheduler and workers) started by the replay, which plays the proxy (src/engine/epd.h)\n"
+            "  --requests N               generated multimodal requests (default 300)\n"
+            "  --images-per-request K     each request has 1..K images, uniformly (default 3, at most %d)\n"
+            "  --size BYTES               encoder output per image, bf16 [N, hidden] (default 4MiB)\n"
+            "  --repeat R                 share of image slots that reuse an earlier image (default 0.333)\n"
+            "  --consumer-tp N            consumer TP ranks (workers) in the prefill process (default 1)\n"
+            "  --pool URI                 the cross-encoder cache; 'none' for none.  Default: a `kvpool server`\n"
+            "                             the replay starts on 127.0.0.1 (unlike the KV replay, whose default\n"
+            "                             is an embedded pool)\n"
+            "  --faults SPEC              comma-separated: kill-encoder@N (SIGKILL the encoder node after N\n"
+            "                             push records; the requests in flight fail with a retryable error\n"
+            "                             after the push wait), drop-events@P (the prefill scheduler's inbox\n"
+            "                             loses each readiness event with probability P, 0 < P <= 1)\n"
+            "  --json                     one compact JSON object as the last line of stdout\n"
+            "  test knobs: --seed N (1), --window N requests in flight (8), --push-wait-s S (60),\n"
+            "  --lease-ms MS reservation lease (300000), --cache-images N encoder cache (16), --timeout-s S (280)\n",
+            KVP__EPD_MAX_IMAGES);
+    return out == stdout ? 0 : 2;
+}
+
+static int replay_epd(int argc, char **argv)
+{
+    kvp__epd_replay_params_t p;
+    kvp__epd_replay_params_init(&p);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t u = 0;
+        double x = 0;
+        bool ok = true, val = true;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return usage_epd(stdout);
+        else if (!strcmp(a, "--epd"))
+            val = false;
+        else if (!strcmp(a, "--json"))
+            p.json = true, val = false;
+        else if (!strcmp(a, "--requests"))
+            ok = kvp__parse_u64(v, 1, 1000000, &u) == KVP_OK, p.wl.requests = (uint32_t)u;
+        else if (!strcmp(a, "--images-per-request"))
+            ok = kvp__parse_u64(v, 1, KVP__EPD_MAX_IMAGES, &u) == KVP_OK, p.wl.max_images = (uint32_t)u;
+        else if (!strcmp(a, "--size"))
+            ok = v && kvp__parse_size(v, &u) == KVP_OK && u >= 2 && u <= (256u << 20) && u % 2 == 0,
+            p.wl.size = (int64_t)u;
+        else if (!strcmp(a, "--repeat"))
+            ok = num_f(v, 0, 1, &x), p.wl.repeat = x;
+        else if (!strcmp(a, "--consumer-tp"))
+            ok = kvp__parse_u64(v, 1, 8, &u) == KVP_OK, p.consumer_tp = (uint32_t)u;
+        else if (!strcmp(a, "--pool")) {
+            ok = v && *v;
+            if (ok && !strcmp(v, "none"))
+                p.no_pool = true;
+            else
+                p.pool_uri = v;
+        } else if (!strcmp(a, "--faults"))
+            ok = kvp__epd_faults_parse(v, &p) == KVP_OK;
+        else if (!strcmp(a, "--seed"))
+            ok = kvp__parse_u64(v, 0, UINT64_MAX, &p.wl.seed) == KVP_OK;
+        else if (!strcmp(a, "--window"))
+            ok = kvp__parse_u64(v, 1, 1024, &u) == KVP_OK, p.window = (uint32_t)u;
+        else if (!strcmp(a, "--push-wait-s"))
+            ok = kvp__parse_u64(v, 1, 3600, &p.push_wait_s) == KVP_OK;
+        else if (!strcmp(a, "--lease-ms"))
+            ok = kvp__parse_u64(v, 100, 3600000, &p.lease_ms) == KVP_OK;
+        else if (!strcmp(a, "--cache-images"))
+            ok = kvp__parse_u64(v, 1, 1 << 20, &p.cache_images) == KVP_OK;
+        else if (!strcmp(a, "--timeout-s"))
+            ok = kvp__parse_u64(v, 1, 86400, &p.timeout_s) == KVP_OK;
+        else {
+            fprintf(stderr, "kvpool replay --epd: unknown option %s\n", a);
+            return usage_epd(stderr);
+        }
+        if (!ok) {
+            fprintf(stderr, "kvpool replay --epd: bad value for %s: %s\n", a, v ? v : "(missing)");
+            return usage_epd(stderr);
+        }
+        if (val)
+            i++;
+    }
+    if (p.wl.repeat_gap < p.window)
+        p.wl.repeat_gap = p.window;
+    return kvp__epd_replay_main(&p);
+}
+
 int kvp_cmd_replay(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--epd"))
+            return replay_epd(argc, argv);
     kvp__replay_params_t p;
     kvp__replay_params_init(&p);
     for (int i = 1; i < argc; i++) {

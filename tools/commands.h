@@ -20,6 +20,7 @@ int kvp_bench_lookup(int argc, char **argv);
 int kvp_bench_kv_worker(int argc, char **argv);
 int kvp_cmd_replay(int argc, char **argv);
 int kvp_cmd_trace_gen(int argc, char **argv);
+int kvp_cmd_epd_node(int argc, char **argv); /* hidden: started by replay --epd */
 
 
 #endif

@@ -47,6 +47,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (strcmp(argv[1], "epd-node") == 0) /* hidden: the nodes `kvpool replay --epd` starts */
+        return kvp_cmd_epd_node(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof g_commands / sizeof g_commands[0]; i++)
         if (strcmp(argv[1], g_commands[i].name) == 0)
             return g_commands[i].fn(argc - 1, argv + 1);

@@ -1,0 +1,810 @@
+/*
+ * `kvpool replay --epd`: the proxy of an encoder -> prefill deployment
+ * (epd.h).  It starts (fork + exec of /proc/self/exe) a `kvpool server` for
+ * the cross-encoder cache unless --pool is given, the prefill node, then
+ * the encoder node (which needs the prefill node's control address), and
+ * talks to both over pipes, one JSON line per message; every line a node
+ * writes is parsed and checked, and one that does not parse or names no
+ * known event counts as a failure.
+ *
+ * The flow.  At most `window` requests are in flight (sent, not yet ended
+ * on the prefill node); each goes to the encoder node and then, unchanged,
+ * to the prefill node.  The workload puts every reuse of an image at least
+ * repeat_gap >= window requests after its first use, so the first use has
+ * ended (its output taken) before the reuse is sent: a reuse is then a
+ * cached reserve at the consumer (its receive pool's resident, or the
+ * cross-encoder cache) and every push that moves bytes is taken.  Before
+ * the first request the encoder measures bare ZeroMQ REQ/REP round trips to
+ * the prefill node's echo socket with frames of a reserve's size.  When all
+ * have ended the replay waits until the consumer holds no reservation (or
+ * says how many it still holds), asks both nodes to quit, and reports.
+ *
+ * The figures (the report's definitions, README "Encoder -> prefill replay"):
+ *   pushes        push records with status OK (cached ones included)
+ *   bytes_pushed  sum of nbytes x shards written, over push records
+ *   bytes_taken   bytes the prefill ranks put into their encoder caches
+ *   bytes_verified  those equal to the deterministic encoder output
+ *   push_gbps     bytes_pushed / sum over written pushes of (write done -
+ *                 write start), 1 GB = 1e9 B
+ *   push_p50/p99  reserve sent (producer) -> the last shard's readiness
+ *                 event received by the consumer scheduler's inbox, over
+ *                 written pushes (CLOCK_MONOTONIC in both processes)
+ *   reserve_p50   reserve sent -> answered, over reserves that write
+ *   failures      requests failed for good or never ended, outputs used
+ *                 before they were in the cache, lines the nodes wrote that
+ *                 were not understood, a node that died uninvited
+ *   retryable_errors  requests the prefill node failed with a retryable
+ *                 error (take_unavailable_requests)
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/strmap.h"
+#include "engine/epd.h"
+
+void kvp__epd_replay_params_init(kvp__epd_replay_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    kvp__epd_wl_params_init(&p->wl);
+    p->consumer_tp = 1;
+    p->window = 8;
+    p->push_wait_s = 60;
+    p->cache_images = 16;
+    p->timeout_s = 280;
+}
+
+kvp_status_t kvp__epd_faults_parse(const char *spec, kvp__epd_replay_params_t *p)
+{
+    char buf[256];
+    if (!spec || strlen(spec) >= sizeof buf)
+        return KVP_ERR_BAD_OPTION;
+    strcpy(buf, spec);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *at = strchr(tok, '@'), *end;
+        if (!at)
+            return KVP_ERR_BAD_OPTION;
+        *at++ = 0;
+        errno = 0;
+        if (!strcmp(tok, "kill-encoder")) {
+            unsigned long long n = strtoull(at, &end, 10);
+            if (errno || *end || !*at || n < 1 || at[0] == '-')
+                return KVP_ERR_BAD_OPTION;
+            p->kill_encoder_after = n;
+        } else if (!strcmp(tok, "drop-events")) {
+            double x = strtod(at, &end);
+            if (errno || *end || !*at || !(x > 0 && x <= 1))
+                return KVP_ERR_BAD_OPTION;
+            p->drop_events = x;
+        } else {
+            return KVP_ERR_BAD_OPTION;
+        }
+    }
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- children */
+
+typedef struct child {
+    const char *name;
+    pid_t pid;
+    int in_fd, out_fd;      /* its stdin (we write), its stdout (we read); -1 closed */
+    char *buf;
+    size_t len, cap;
+    bool exited, killed, eof;
+    int status;
+} child_t;
+
+/* fork + exec /proc/self/exe argv; with pipes when c->in_fd is asked for. */
+static kvp_status_t spawn(child_t *c, char *const argv[], bool pipes)
+{
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    c->in_fd = c->out_fd = -1;
+    if (pipes && (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)))
+        return KVP_ERR_IO;
+    pid_t pid = fork();
+    if (pid < 0)
+        return KVP_ERR_IO;
+    if (pid == 0) {
+        if (pipes) {
+            dup2(in[0], STDIN_FILENO);
+            dup2(out[1], STDOUT_FILENO);
+        } else {
+            int dn = open("/dev/null", O_RDWR);
+            dup2(dn, STDIN_FILENO);
+            dup2(dn, STDOUT_FILENO);
+        }
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    c->pid = pid;
+    if (pipes) {
+        close(in[0]);
+        close(out[1]);
+        c->in_fd = in[1];
+        c->out_fd = out[0];
+        fcntl(c->out_fd, F_SETFL, O_NONBLOCK);
+    }
+    return KVP_OK;
+}
+
+static bool child_send(child_t *c, const char *s, size_t n)
+{
+    while (n && c->in_fd >= 0) {
+        ssize_t k = write(c->in_fd, s, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        s += k, n -= (size_t)k;
+    }
+    return n == 0;
+}
+
+static void child_close(child_t *c)
+{
+    if (c->in_fd >= 0)
+        close(c->in_fd);
+    if (c->out_fd >= 0)
+        close(c->out_fd);
+    c->in_fd = c->out_fd = -1;
+    kvp__free(c->buf, c->cap);
+    c->buf = NULL;
+    c->len = c->cap = 0;
+}
+
+/* Reaps it, waiting up to ms (then SIGKILL). */
+static void child_reap(child_t *c, int ms)
+{
+    if (!c->pid || c->exited)
+        return;
+    for (int i = 0; i <= ms / 10; i++) {
+        if (waitpid(c->pid, &c->status, WNOHANG) == c->pid) {
+            c->exited = true;
+            return;
+        }
+        usleep(10000);
+    }
+    kill(c->pid, SIGKILL);
+    waitpid(c->pid, &c->status, 0);
+    c->exited = true;
+    c->killed = true;
+}
+
+/* ---------------------------------------------------------------- the run */
+
+typedef struct xfer {
+    char tid[96];
+    uint64_t reserve_sent, reserve_done, write_start, write_done, event_ns;
+    int64_t nbytes, written;
+    bool pushed, cached;
+} xfer_t;
+
+typedef struct stats_line {
+    bool have;
+    int64_t reservations_active, bytes_reserved, cross_cache_hits, taken, verified, done, retryable, failed;
+    int64_t gather_misses, hook_errors, events_dropped, reserves_cached, pushes_failed, encoded, unfinished;
+} stats_line_t;
+
+typedef struct run {
+    const kvp__epd_replay_params_t *p;
+    kvp__epd_workload_t w;
+    child_t server, prefill, encoder;
+    char pool_uri[128], consumer_zmq[128], echo[128];
+    kvp__strmap_t xfers;       /* tid -> xfer */
+    kvp__json_parser_t jp;
+    uint32_t next, inflight, sent, ended, done, retryable, failed_reqs;
+    uint64_t encoder_not_done, push_records, push_ok, push_failed, bytes_pushed, protocol_errors, via_ucx, via_tcp;
+    bool encoder_dead, killed_encoder, prefill_ready, encoder_ready, rtt_done;
+    double rtt_p50_us;
+    stats_line_t pf, enc;      /* the last stats lines */
+    bool waiting_stats;
+} run_t;
+
+static xfer_t *xfer_get(run_t *r, const char *tid)
+{
+    xfer_t *x = kvp__strmap_gets(&r->xfers, tid);
+    if (x || strlen(tid) >= sizeof x->tid)
+        return x;
+    x = kvp__calloc(1, sizeof *x);
+    if (!x)
+        return NULL;
+    strcpy(x->tid, tid);
+    if (kvp__strmap_put(&r->xfers, x->tid, strlen(x->tid), x) != KVP_OK) {
+        kvp__free(x, sizeof *x);
+        return NULL;
+    }
+    return x;
+}
+
+static void bad_line(run_t *r, child_t *c, const char *why, const char *line, size_t len)
+{
+    r->protocol_errors++;
+    kvp_warn_rl("replay --epd: %s wrote a line it should not (%s): %.*s", c->name, why, (int)(len > 200 ? 200 : len),
+                line);
+}
+
+static int64_t jint0(const kvp__json_t *o, const char *k)
+{
+    int64_t v = 0;
+    kvp__epd_json_int(o, k, &v);
+    return v;
+}
+
+static void read_stats(const kvp__json_t *o, stats_line_t *s)
+{
+    s->have = true;
+    s->reservations_active = jint0(o, "reservations_active");
+    s->bytes_reserved = jint0(o, "bytes_reserved");
+    s->cross_cache_hits = jint0(o, "cross_cache_hits");
+    s->taken = jint0(o, "taken");
+    s->verified = jint0(o, "verified");
+    s->done = jint0(o, "done");
+    s->retryable = jint0(o, "retryable");
+    s->failed = jint0(o, "failed");
+    s->gather_misses = jint0(o, "gather_misses");
+    s->hook_errors = jint0(o, "hook_errors");
+    s->events_dropped = jint0(o, "events_dropped");
+    s->reserves_cached = jint0(o, "reserves_cached");
+    s->pushes_failed = jint0(o, "pushes_failed");
+    s->encoded = jint0(o, "encoded");
+    s->unfinished = jint0(o, "unfinished");
+}
+
+static void handle(run_t *r, child_t *c, const char *line, size_t len)
+{
+    const kvp__json_t *o;
+    char ev[16], s[128];
+    if (kvp__json_parse(&r->jp, line, len, &o) != KVP_OK || !kvp__epd_json_str(o, "ev", ev, sizeof ev)) {
+        bad_line(r, c, "not a JSON object with an ev", line, len);
+        return;
+    }
+    bool prefill = c == &r->prefill;
+    if (!strcmp(ev, "ready")) {
+        if (prefill) {
+            if (!kvp__epd_json_str(o, "consumer_zmq", r->consumer_zmq, sizeof r->consumer_zmq) ||
+                !kvp__epd_json_str(o, "echo", r->echo, sizeof r->echo))
+                return bad_line(r, c, "ready without consumer_zmq and echo", line, len);
+            r->prefill_ready = true;
+        } else {
+            r->encoder_ready = true;
+        }
+    } else if (!strcmp(ev, "end") && prefill) {
+        if (!kvp__epd_json_str(o, "id", s, sizeof s) || !kvp__epd_json_str(o, "outcome", ev, sizeof ev))
+            return bad_line(r, c, "end without id and outcome", line, len);
+        r->ended++;
+        if (r->inflight)
+            r->inflight--;
+        if (!strcmp(ev, "done"))
+            r->done++;
+        else if (!strcmp(ev, "retryable"))
+            r->retryable++;
+        else
+            r->failed_reqs++;
+    } else if (!strcmp(ev, "end")) {
+        /* the encoder instance's request ended: counted on the prefill side */
+        if (kvp__epd_json_str(o, "outcome", ev, sizeof ev) && strcmp(ev, "done") && kvp__epd_json_str(o, "id", s, sizeof s))
+            kvp_warn_rl("replay --epd: the encoder node ended %s: %s", s, ev);
+        r->encoder_not_done += strcmp(ev, "done") != 0;
+    } else if (!strcmp(ev, "push") && !prefill) {
+        int64_t nb, wr, st, t[4];
+        bool cached;
+        if (!kvp__epd_json_str(o, "tid", s, sizeof s) || !kvp__epd_json_int(o, "nbytes", &nb) ||
+            !kvp__epd_json_int(o, "written", &wr) || !kvp__epd_json_int(o, "status", &st) ||
+            !kvp__epd_json_bool(o, "cached", &cached) || !kvp__epd_json_int(o, "reserve_sent_ns", &t[0]) ||
+            !kvp__epd_json_int(o, "reserve_done_ns", &t[1]) || !kvp__epd_json_int(o, "write_start_ns", &t[2]) ||
+            !kvp__epd_json_int(o, "write_done_ns", &t[3]) || nb < 0 || wr < 0)
+            return bad_line(r, c, "push without its fields", line, len);
+        r->push_records++;
+        if (st != KVP_OK) {
+            r->push_failed++;
+            kvp_warn("replay --epd: the push of %s failed after %" PRId64 " of %" PRId64 " shards written: %s", s, wr,
+                     jint0(o, "shards"), kvp_status_str((kvp_status_t)st));
+            return;
+        }
+        r->push_ok++;
+        char path[8] = "";
+        kvp__epd_json_str(o, "path", path, sizeof path);
+        r->via_ucx += !strcmp(path, "ucx");
+        r->via_tcp += !strcmp(path, "tcp");
+        r->bytes_pushed += (uint64_t)nb * (uint64_t)wr;
+        xfer_t *x = xfer_get(r, s);
+        if (x) {
+            x->pushed = true;
+            x->cached = cached;
+            x->nbytes = nb;
+            x->written = wr;
+            x->reserve_sent = (uint64_t)t[0];
+            x->reserve_done = (uint64_t)t[1];
+            x->write_start = (uint64_t)t[2];
+            x->write_done = (uint64_t)t[3];
+        }
+    } else if (!strcmp(ev, "event") && prefill) {
+        int64_t t;
+        if (!kvp__epd_json_str(o, "tid", s, sizeof s) || !kvp__epd_json_int(o, "t_ns", &t))
+            return bad_line(r, c, "event without tid and t_ns", line, len);
+        xfer_t *x = xfer_get(r, s);
+        if (x && (uint64_t)t > x->event_ns)
+            x->event_ns = (uint64_t)t; /* the last shard's event is the one that counts */
+    } else if (!strcmp(ev, "rtt") && !prefill) {
+        int64_t ns;
+        if (!kvp__epd_json_int(o, "p50_ns", &ns))
+            return bad_line(r, c, "rtt without p50_ns", line, len);
+        r->rtt_p50_us = (double)ns / 1e3;
+        r->rtt_done = true;
+    } else if (!strcmp(ev, "stats")) {
+        read_stats(o, prefill ? &r->pf : &r->enc);
+        if (prefill)
+            r->waiting_stats = false;
+    } else if (!strcmp(ev, "error")) {
+        kvp__epd_json_str(o, "msg", s, sizeof s);
+        bad_line(r, c, "an error", line, len);
+    } else {
+        bad_line(r, c, "an unknown event", line, len);
+    }
+}
+
+/* Reads what c wrote; handles every whole line. */
+static void child_read(run_t *r, child_t *c)
+{
+    for (;;) {
+        if (c->out_fd < 0)
+            return;
+        if (c->cap - c->len < 4096) {
+            size_t ncap = c->cap ? c->cap * 2 : 1 << 16;
+            if (ncap > (64u << 20)) {
+                bad_line(r, c, "a line over 32 MiB", "", 0);
+                c->eof = true;
+                return;
+            }
+            char *nb = kvp__realloc(c->buf, c->cap, ncap);
+            if (!nb)
+                return;
+            c->buf = nb, c->cap = ncap;
+        }
+        ssize_t k = read(c->out_fd, c->buf + c->len, c->cap - c->len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && errno == EAGAIN)
+            break;
+        if (k <= 0) {
+            c->eof = true;
+            break;
+        }
+        c->len += (size_t)k;
+    }
+    size_t start = 0;
+    for (size_t i = 0; i < c->len; i++)
+        if (c->buf[i] == '\n') {
+            handle(r, c, c->buf + start, i - start);
+            start = i + 1;
+        }
+    memmove(c->buf, c->buf + start, c->len - start);
+    c->len -= start;
+}
+
+/* Polls both nodes for up to ms and handles what they wrote. */
+static void pump(run_t *r, int ms)
+{
+    struct pollfd pf[2];
+    child_t *cs[2];
+    nfds_t n = 0;
+    child_t *all[2] = {&r->prefill, &r->encoder};
+    for (int i = 0; i < 2; i++)
+        if (all[i]->out_fd >= 0 && !all[i]->eof) {
+            pf[n] = (struct pollfd){all[i]->out_fd, POLLIN, 0};
+            cs[n++] = all[i];
+        }
+    if (!n) {
+        usleep((useconds_t)ms * 1000);
+        return;
+    }
+    if (poll(pf, n, ms) <= 0)
+        return;
+    for (nfds_t i = 0; i < n; i++)
+        if (pf[i].revents)
+            child_read(r, cs[i]);
+}
+
+static void send_req(run_t *r)
+{
+    const kvp__epd_req_t *q = &r->w.reqs[r->next++];
+    kvp__epd_msg_req_t m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.id, sizeof m.id, "%s", q->id);
+    m.prompt_len = q->prompt_len;
+    m.n = q->n_images;
+    snprintf(m.consumer_zmq, sizeof m.consumer_zmq, "%s", r->consumer_zmq);
+    for (size_t k = 0; k < m.n; k++) {
+        snprintf(m.mm_hash[k], sizeof m.mm_hash[k], "%s", r->w.hashes[q->image[k]]);
+        kvp__epd_transfer_id(m.transfer_id[k], sizeof m.transfer_id[k], q->id, k);
+        m.offset[k] = q->offset[k];
+        m.length[k] = m.num_embeds[k] = r->w.num_embeds;
+    }
+    kvp__jw_t b;
+    kvp__jw_init(&b);
+    kvp__epd_msg_req_write(&b, &m);
+    if (!b.oom) {
+        if (!r->encoder_dead && !child_send(&r->encoder, b.p, b.len))
+            r->encoder_dead = true;
+        if (!child_send(&r->prefill, b.p, b.len))
+            r->protocol_errors++;
+    }
+    kvp__jw_cleanup(&b);
+    r->sent++;
+    r->inflight++;
+}
+
+/* ---------------------------------------------------------------- baselines */
+
+static char *map_buf(size_t n)
+{
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    (void)madvise(p, n, MADV_HUGEPAGE);
+    return p;
+}
+
+/* `kvpool bench`'s memcpy baseline: one thread copying `count` distinct
+ * sources of `size` into distinct pre-faulted destinations; GB/s. */
+static double memcpy_gbps(int64_t size)
+{
+    size_t count = (size_t)((256ll << 20) / size);
+    count = count < 8 ? 8 : count > 64 ? 64 : count;
+    size_t total = count * (size_t)size;
+    char *src = map_buf(total), *dst = map_buf(total);
+    double g = 0;
+    if (src && dst) {
+        memset(src, 0x5a, total);
+        memset(dst, 0, total);
+        uint64_t t0 = kvp__now_ns();
+        for (size_t i = 0; i < count; i++)
+            memcpy(dst + i * (size_t)size, src + ((i * 7) % count) * (size_t)size, (size_t)size);
+        g = (double)total / ((double)(kvp__now_ns() - t0) / 1e9) / 1e9;
+    }
+    if (src)
+        munmap(src, total);
+    if (dst)
+        munmap(dst, total);
+    return g;
+}
+
+/* ---------------------------------------------------------------- report */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct_us(uint64_t *v, size_t n, double q)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof *v, cmp_u64);
+    size_t i = (size_t)ceil(q * (double)n) - 1;
+    return (double)v[i > n - 1 ? n - 1 : i] / 1e3;
+}
+
+static void jnum(kvp__jw_t *b, const char *k, double v, bool is_int)
+{
+    char num[64];
+    if (is_int)
+        snprintf(num, sizeof num, "%.0f", v);
+    else
+        snprintf(num, sizeof num, "%.3f", isfinite(v) ? v : 0.0);
+    kvp__jw_puts(b, b->len > 1 ? ",\"" : "\"");
+    kvp__jw_puts(b, k);
+    kvp__jw_puts(b, "\":");
+    kvp__jw_puts(b, num);
+}
+
+static int report(run_t *r, double mc, double wall_s)
+{
+    size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0;
+    uint64_t *lat = kvp__calloc(n ? n : 1, sizeof *lat), *res = kvp__calloc(n ? n : 1, sizeof *res);
+    uint64_t *cres = kvp__calloc(n ? n : 1, sizeof *cres), *wr = kvp__calloc(n ? n : 1, sizeof *wr);
+    size_t nwr = 0;
+    uint64_t write_ns = 0, written_bytes = 0, no_event = 0;
+    for (size_t i = 0; lat && res && cres && wr && i < r->xfers.cap; i++) {
+        const xfer_t *x = r->xfers.slots[i].val;
+        if (!r->xfers.slots[i].key || !x->pushed)
+            continue;
+        if (x->written > 0) {
+            write_ns += x->write_done > x->write_start ? x->write_done - x->write_start : 0;
+            wr[nwr++] = x->write_done > x->write_start ? x->write_done - x->write_start : 0;
+            written_bytes += (uint64_t)x->nbytes * (uint64_t)x->written;
+            res[nres++] = x->reserve_done - x->reserve_sent;
+            if (x->event_ns > x->reserve_sent)
+                lat[nlat++] = x->event_ns - x->reserve_sent;
+            else
+                no_event++;
+        } else if (x->cached) {
+            cres[ncres++] = x->reserve_done - x->reserve_sent;
+        }
+    }
+    double push_gbps = write_ns ? (double)written_bytes / ((double)write_ns / 1e9) / 1e9 : 0;
+    double p50 = pct_us(lat, nlat, 0.5), p99 = pct_us(lat, nlat, 0.99), r50 = pct_us(res, nres, 0.5);
+    double cr50 = pct_us(cres, ncres, 0.5);
+    uint64_t unfinished = r->sent - r->ended;
+    uint64_t failures = r->failed_reqs + unfinished + r->protocol_errors + (uint64_t)r->pf.gather_misses;
+    bool prefill_crashed = !(r->prefill.exited && WIFEXITED(r->prefill.status) && WEXITSTATUS(r->prefill.status) == 0);
+    bool encoder_crashed = !r->killed_encoder && !(r->encoder.exited && WIFEXITED(r->encoder.status) &&
+                                                   WEXITSTATUS(r->encoder.status) == 0);
+    failures += prefill_crashed + encoder_crashed;
+    int64_t left = r->pf.reservations_active;
+
+    printf("kvpool replay --epd: %u requests (%u images, %u repeated), %" PRId64 " B per image, consumer TP %u, %s\n",
+           r->p->wl.requests, r->w.n_slots, r->w.n_repeat_slots, r->p->wl.size, r->p->consumer_tp,
+           r->pool_uri[0] ? r->pool_uri : "no cross-encoder cache");
+    printf("  requests sent %u: done %u, retryable errors %u, failed %u, unfinished %" PRIu64 "\n", r->sent, r->done,
+           r->retryable, r->failed_reqs, unfinished);
+    printf("  pushes %" PRIu64 " (%zu wrote, %zu cached, %" PRIu64 " failed), %.1f MB pushed\n", r->push_ok, nres,
+           ncres, r->push_failed, (double)r->bytes_pushed / 1e6);
+    printf("  taken into the prefill encoder cache %.1f MB, verified %.1f MB%s\n", (double)r->pf.taken / 1e6,
+           (double)r->pf.verified / 1e6, r->pf.taken == r->pf.verified ? " (every byte)" : " (MISMATCH)");
+    printf("  cross-encoder cache hits %" PRId64 ", cached reserves %" PRId64 ", encoded on the prefill node %" PRId64
+           "\n",
+           r->pf.cross_cache_hits, r->pf.reserves_cached, r->pf.encoded);
+    printf("  push bandwidth %.2f GB/s (memcpy baseline %.2f GB/s, %.0f %%; %" PRIu64 " over UCX, %" PRIu64
+           " over TCP; write p50 %.0f us)\n",
+           push_gbps, mc, mc > 0 ? 100 * push_gbps / mc : 0.0, r->via_ucx, r->via_tcp, pct_us(wr, nwr, 0.5));
+    printf("  push latency (reserve -> readiness event) p50 %.0f us, p99 %.0f us%s\n", p50, p99,
+           no_event ? " (some pushes had no event)" : "");
+    printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us\n", r50, cr50,
+           r->rtt_p50_us);
+    printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s\n",
+           r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "");
+    printf("  failures %" PRIu64 " (protocol %" PRIu64 ", gather misses %" PRId64 ", nodes %d), wall %.1f s\n", failures,
+           r->protocol_errors, r->pf.gather_misses, prefill_crashed + encoder_crashed, wall_s);
+    if (r->p->json) {
+        kvp__jw_t b;
+        kvp__jw_init(&b);
+        kvp__jw_puts(&b, "{");
+        jnum(&b, "requests", r->sent, true);
+        jnum(&b, "pushes", (double)r->push_ok, true);
+        jnum(&b, "bytes_pushed", (double)r->bytes_pushed, true);
+        jnum(&b, "bytes_taken", (double)r->pf.taken, true);
+        jnum(&b, "bytes_verified", (double)r->pf.verified, true);
+        jnum(&b, "cross_cache_hits", (double)r->pf.cross_cache_hits, true);
+        jnum(&b, "failures", (double)failures, true);
+        jnum(&b, "retryable_errors", r->retryable, true);
+        jnum(&b, "push_gbps", push_gbps, false);
+        jnum(&b, "memcpy_gbps", mc, false);
+        jnum(&b, "push_p50_us", p50, false);
+        jnum(&b, "push_p99_us", p99, false);
+        jnum(&b, "reserve_p50_us", r50, false);
+        jnum(&b, "zmq_rtt_us", r->rtt_p50_us, false);
+        kvp__jw_puts(&b, "}\n");
+        if (!b.oom)
+            fwrite(b.p, 1, b.len, stdout);
+        kvp__jw_cleanup(&b);
+    }
+    fflush(stdout);
+    kvp__free(lat, (n ? n : 1) * sizeof *lat);
+    kvp__free(res, (n ? n : 1) * sizeof *res);
+    kvp__free(cres, (n ? n : 1) * sizeof *cres);
+    kvp__free(wr, (n ? n : 1) * sizeof *wr);
+    return failures || r->pf.taken != r->pf.verified || left > 0 ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static kvp_status_t start_server(run_t *r, const char *dir)
+{
+    char port_file[256], mem[32], *argv[12];
+    snprintf(port_file, sizeof port_file, "%s/server.port", dir);
+    /* room for every distinct image, and some */
+    uint64_t need = (uint64_t)r->w.n_hashes * (uint64_t)r->p->wl.size * 5 / 4 + (64u << 20);
+    snprintf(mem, sizeof mem, "%" PRIu64 "MiB", (need >> 20) + 1);
+    int i = 0;
+    argv[i++] = "kvpool", argv[i++] = "server", argv[i++] = "--listen", argv[i++] = "127.0.0.1:0";
+    argv[i++] = "--port-file", argv[i++] = port_file, argv[i++] = "--memory", argv[i++] = mem;
+    argv[i++] = "--log-level", argv[i++] = "error", argv[i] = NULL;
+    r->server.name = "kvpool server";
+    kvp_status_t st = spawn(&r->server, argv, false);
+    if (st != KVP_OK)
+        return st;
+    for (int k = 0; k < 200; k++) {
+        FILE *f = fopen(port_file, "r");
+        unsigned port = 0;
+        if (f) {
+            int got = fscanf(f, "%u", &port);
+            fclose(f);
+            if (got == 1 && port) {
+                snprintf(r->pool_uri, sizeof r->pool_uri, "kvpool://127.0.0.1:%u", port);
+                usleep(100000);
+                return KVP_OK;
+            }
+        }
+        if (waitpid(r->server.pid, &r->server.status, WNOHANG) == r->server.pid) {
+            r->server.exited = true;
+            return KVP_ERR_IO;
+        }
+        usleep(50000);
+    }
+    return KVP_ERR_TIMEOUT;
+}
+
+static kvp_status_t start_node(run_t *r, child_t *c, bool prefill)
+{
+    const kvp__epd_replay_params_t *p = r->p;
+    char size[32], tp[16], pw[32], lease[32], cache[32], drop[32], seed[32], pool_size[32], *argv[40];
+    snprintf(size, sizeof size, "%" PRId64, p->wl.size);
+    snprintf(tp, sizeof tp, "%u", p->consumer_tp);
+    snprintf(pw, sizeof pw, "%" PRIu64, p->push_wait_s);
+    snprintf(lease, sizeof lease, "%" PRIu64, p->lease_ms);
+    snprintf(cache, sizeof cache, "%" PRIu64, p->cache_images);
+    snprintf(drop, sizeof drop, "%.6f", p->drop_events);
+    snprintf(seed, sizeof seed, "%" PRIu64, p->wl.seed);
+    /* the receive pool: two windows of images in flight, and residents */
+    snprintf(pool_size, sizeof pool_size, "%" PRId64,
+             (int64_t)(2 * p->window * p->wl.max_images + 2 * p->cache_images) * p->wl.size);
+    int i = 0;
+    argv[i++] = "kvpool", argv[i++] = "epd-node", argv[i++] = "--role", argv[i++] = prefill ? "prefill" : "encoder";
+    argv[i++] = "--size", argv[i++] = size, argv[i++] = "--push-wait-s", argv[i++] = pw;
+    argv[i++] = "--cache-images", argv[i++] = cache, argv[i++] = "--seed", argv[i++] = seed;
+    argv[i++] = "--pool-size", argv[i++] = pool_size;
+    if (r->pool_uri[0])
+        argv[i++] = "--pool", argv[i++] = r->pool_uri;
+    if (p->lease_ms)
+        argv[i++] = "--lease-ms", argv[i++] = lease;
+    if (prefill) {
+        argv[i++] = "--consumer-tp", argv[i++] = tp;
+        if (p->drop_events > 0)
+            argv[i++] = "--drop-events", argv[i++] = drop;
+    } else {
+        argv[i++] = "--consumer-zmq", argv[i++] = r->consumer_zmq;
+    }
+    argv[i] = NULL;
+    c->name = prefill ? "the prefill node" : "the encoder node";
+    kvp_status_t st = spawn(c, argv, true);
+    if (st != KVP_OK)
+        return st;
+    uint64_t t0 = kvp__now_ns();
+    bool *ready = prefill ? &r->prefill_ready : &r->encoder_ready;
+    while (!*ready && !c->eof && kvp__now_ns() - t0 < 30000000000ull)
+        pump(r, 50);
+    return *ready ? KVP_OK : KVP_ERR_TIMEOUT;
+}
+
+/* The size of a reserve request for the first image (the frame the
+ * round-trip baseline sends). */
+static size_t reserve_frame_bytes(const run_t *r)
+{
+    char f[512];
+    int n = snprintf(f, sizeof f,
+                     "{\"op\":\"reserve\",\"transfer_id\":\"%s#0\",\"mm_hash\":\"%s\",\"nbytes\":%" PRId64
+                     ",\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"bfloat16\"}",
+                     r->w.reqs[0].id, r->w.hashes[0], r->p->wl.size, r->w.num_embeds, r->w.hidden);
+    return n > 0 ? (size_t)n : 128;
+}
+
+int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
+{
+    static run_t r; /* one per process */
+    memset(&r, 0, sizeof r);
+    r.p = p;
+    r.server.in_fd = r.server.out_fd = r.prefill.in_fd = r.prefill.out_fd = r.encoder.in_fd = r.encoder.out_fd = -1;
+    if (p->window < 1 || p->window > p->wl.repeat_gap || p->consumer_tp < 1 || p->consumer_tp > 8) {
+        fprintf(stderr, "kvpool replay --epd: the window must be 1..repeat gap (%u), consumer TP 1..8\n",
+                p->wl.repeat_gap);
+        return 2;
+    }
+    kvp_status_t st = kvp__epd_workload_gen(&p->wl, &r.w);
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool replay --epd: bad workload (%s): --size must be even\n", kvp_status_str(st));
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    kvp__strmap_init(&r.xfers);
+    kvp__json_parser_init(&r.jp);
+    uint64_t t0 = kvp__now_ns(), deadline = t0 + p->timeout_s * 1000000000ull;
+    double mc = memcpy_gbps(p->wl.size);
+    char dir[] = "/tmp/kvp-epd.XXXXXX";
+    int rc = 1;
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "kvpool replay --epd: mkdtemp: %s\n", strerror(errno));
+        goto out;
+    }
+    if (p->pool_uri)
+        snprintf(r.pool_uri, sizeof r.pool_uri, "%s", p->pool_uri);
+    else if (!p->no_pool && (st = start_server(&r, dir)) != KVP_OK) {
+        fprintf(stderr, "kvpool replay --epd: the pool server did not start: %s\n", kvp_status_str(st));
+        goto out;
+    }
+    if ((st = start_node(&r, &r.prefill, true)) != KVP_OK || (st = start_node(&r, &r.encoder, false)) != KVP_OK) {
+        fprintf(stderr, "kvpool replay --epd: a node did not start: %s\n", kvp_status_str(st));
+        goto out;
+    }
+    /* the ZeroMQ baseline, between the same two processes, before the
+     * workload (so that a fault run has it too) */
+    {
+        char line[256];
+        int n = snprintf(line, sizeof line, "{\"op\":\"rtt\",\"addr\":\"%s\",\"bytes\":%zu,\"count\":2000}\n", r.echo,
+                         reserve_frame_bytes(&r));
+        child_send(&r.encoder, line, (size_t)n);
+        while (!r.rtt_done && !r.encoder.eof && kvp__now_ns() < deadline)
+            pump(&r, 20);
+    }
+    /* the proxy */
+    while (kvp__now_ns() < deadline) {
+        while (!r.encoder_dead && r.next < p->wl.requests && r.inflight < p->window)
+            send_req(&r);
+        if (r.ended >= r.sent && (r.encoder_dead || r.next >= p->wl.requests))
+            break;
+        if (r.prefill.eof)
+            break;
+        pump(&r, 5);
+        if (r.encoder.eof && !r.encoder_dead) {
+            r.encoder_dead = true; /* uninvited: the report counts it */
+            kvp_warn("replay --epd: the encoder node exited");
+        }
+        if (p->kill_encoder_after && !r.killed_encoder && r.push_records >= p->kill_encoder_after) {
+            kill(r.encoder.pid, SIGKILL);
+            r.killed_encoder = r.encoder_dead = true;
+            kvp_info("replay --epd: killed the encoder node after %" PRIu64 " pushes", r.push_records);
+        }
+    }
+    /* nothing may stay reserved at the consumer once its leases ran out */
+    uint64_t wait_ns = (p->lease_ms ? p->lease_ms + 3000 : 5000) * 1000000ull, t_wait = kvp__now_ns();
+    do {
+        r.waiting_stats = true;
+        child_send(&r.prefill, "{\"op\":\"stats\"}\n", 15);
+        while (r.waiting_stats && !r.prefill.eof && kvp__now_ns() < deadline)
+            pump(&r, 20);
+        if (!r.pf.reservations_active || r.prefill.eof)
+            break;
+        pump(&r, 200);
+    } while (kvp__now_ns() - t_wait < wait_ns && kvp__now_ns() < deadline);
+    /* quit: each node finishes, reports and exits */
+    if (!r.encoder_dead)
+        child_send(&r.encoder, "{\"op\":\"quit\"}\n", 14);
+    child_send(&r.prefill, "{\"op\":\"quit\"}\n", 14);
+    if (r.encoder.in_fd >= 0)
+        close(r.encoder.in_fd), r.encoder.in_fd = -1;
+    close(r.prefill.in_fd), r.prefill.in_fd = -1;
+    uint64_t t_quit = kvp__now_ns();
+    while ((!r.prefill.eof || (!r.encoder_dead && !r.encoder.eof)) && kvp__now_ns() - t_quit < 20000000000ull)
+        pump(&r, 50);
+    child_reap(&r.prefill, 5000);
+    child_reap(&r.encoder, 5000);
+    rc = report(&r, mc, (double)(kvp__now_ns() - t0) / 1e9);
+out:
+    if (r.prefill.pid)
+        child_reap(&r.prefill, 2000);
+    if (r.encoder.pid)
+        child_reap(&r.encoder, 2000);
+    if (r.server.pid) {
+        kill(r.server.pid, SIGTERM);
+        child_reap(&r.server, 5000);
+    }
+    child_close(&r.prefill);
+    child_close(&r.encoder);
+    char pf[300];
+    snprintf(pf, sizeof pf, "%s/server.port", dir);
+    unlink(pf);
+    rmdir(dir);
+    for (size_t i = 0; i < r.xfers.cap; i++)
+        if (r.xfers.slots[i].key)
+            kvp__free(r.xfers.slots[i].val, sizeof(xfer_t));
+    kvp__strmap_cleanup(&r.xfers);
+    kvp__json_parser_cleanup(&r.jp);
+    kvp__epd_workload_cleanup(&r.w);
+    return rc;
+}

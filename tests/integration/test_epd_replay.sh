@@ -1,0 +1,91 @@
+#!/bin/sh
+# `kvpool replay --epd` end to end (issue 16, items 5 and 6): a generated
+# multimodal workload through an encoder process and a prefill process (the
+# EC connector's real scheduler, ZeroMQ collaborators and workers over
+# 127.0.0.1) with the replay as the proxy.  Every run: the prefill node
+# verifies every byte it takes.  Then consumer TP 2, a second run against
+# the same pool server (the cross-encoder cache holds every image of the
+# first), the encoder killed mid-run, and readiness events lost.  Release
+# build only (ASan runs the engine's unit tests instead).
+set -u
+KVP=${KVP_BIN:-build/kvpool}
+T=$(mktemp -d "${TMPDIR:-/tmp}/kvp-epd.XXXXXX")
+SRV_PID=""
+trap '[ -n "$SRV_PID" ] && kill $SRV_PID 2>/dev/null; rm -rf "$T"' EXIT
+. "${KVP_SOURCE_DIR:-.}/tests/integration/checks.sh"
+if [ "${KVP_SANITIZE:-0}" = 1 ]; then
+    echo "skip: replays run in the release build"
+    exit 77
+fi
+
+# epd NAME ARGS...: runs it, keeps stdout/stderr/rc; the JSON line in $T/NAME.json
+epd() {
+    name=$1
+    shift
+    "$KVP" replay --epd "$@" --json >"$T/$name.out" 2>"$T/$name.err"
+    echo $? >"$T/$name.rc"
+    tail -n 1 "$T/$name.out" >"$T/$name.json"
+}
+# jcheck NAME PYTHON-EXPR: the expression over the JSON object j (and rc) is true
+jcheck() {
+    /usr/bin/python3 - "$T/$1.json" "$(cat "$T/$1.rc")" "$2" <<'PY' || { sed 's/^/    /' "$T/$1.err" | grep -v 'EC waited' | tail -n 5 >&2; return 1; }
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except ValueError:
+    print("    no JSON last line", file=sys.stderr); sys.exit(1)
+rc = int(sys.argv[2])
+ok = eval(sys.argv[3])
+if not ok:
+    print("    rc", rc, "json", json.dumps(j)[:700], file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
+}
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','zmq_rtt_us']"
+# every clean run: exit 0, all done, every byte taken verified, every push taken
+CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
+
+# ------------------------------------------------ the default pool (a server the replay starts)
+epd base --requests 60 --push-wait-s 10
+check replay_epd_clean_run jcheck base "$CLEAN and j['requests'] == 60 and j['pushes'] > 0"
+check replay_epd_json_fields jcheck base "sorted(j) == sorted($FIELDS) and all(isinstance(j[k], (int, float)) for k in j)"
+check replay_epd_figures_measured jcheck base "j['push_gbps'] > 0 and j['memcpy_gbps'] > 0 and 0 < j['push_p50_us'] <= j['push_p99_us'] and j['reserve_p50_us'] > 0 and j['zmq_rtt_us'] > 0"
+check replay_epd_table_words sh -c "grep -q 'verified' '$T/base.out' && grep -q 'push bandwidth' '$T/base.out' && grep -q 'reservations left 0 ' '$T/base.out'"
+
+# ------------------------------------------------ consumer TP 2 (two workers, metadata aggregated)
+epd tp2 --requests 30 --size 1MiB --consumer-tp 2 --push-wait-s 10
+check replay_epd_consumer_tp2 jcheck tp2 "$CLEAN and j['requests'] == 30"
+
+# ------------------------------------------------ a pool server of our own, two runs
+"$KVP" server --listen 127.0.0.1:0 --port-file "$T/server.port" --memory 512MiB --log-level error \
+    >"$T/server.log" 2>&1 &
+SRV_PID=$!
+i=0
+while [ ! -s "$T/server.port" ] && kill -0 "$SRV_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+sleep 0.2
+URI="kvpool://127.0.0.1:$(tr -dc 0-9 <"$T/server.port")"
+epd first --requests 40 --size 1MiB --pool "$URI" --push-wait-s 10
+check replay_epd_against_given_pool jcheck first "$CLEAN"
+# the same workload again: a new prefill instance whose reserves find the
+# images in the cross-encoder cache (repeats included)
+epd second --requests 40 --size 1MiB --pool "$URI" --push-wait-s 10
+check replay_epd_cross_encoder_cache_hits jcheck second "rc == 0 and j['failures'] == 0 and j['retryable_errors'] == 0 and j['bytes_taken'] > 0 and j['bytes_verified'] == j['bytes_taken'] >= j['bytes_pushed'] and j['cross_cache_hits'] >= 40"
+kill $SRV_PID 2>/dev/null
+wait $SRV_PID 2>/dev/null
+SRV_PID=""
+
+# ------------------------------------------------ faults
+# the encoder killed (SIGKILL) after 20 pushes: the requests in flight fail
+# with a retryable error after the push wait; the run still ends and reports
+epd kill --requests 60 --size 1MiB --faults kill-encoder@20 --push-wait-s 2 --lease-ms 2000
+check replay_epd_kill_encoder_retryable jcheck kill "j['failures'] == 0 and j['retryable_errors'] > 0 and j['bytes_verified'] == j['bytes_taken'] and j['requests'] < 60"
+check replay_epd_kill_encoder_said_so grep -q 'encoder killed' "$T/kill.out"
+# nothing the dead producer reserved may stay reserved past its lease
+check replay_epd_kill_encoder_nothing_leaks sh -c "[ \$(cat '$T/kill.rc') = 0 ] && grep -q 'reservations left 0 ' '$T/kill.out'"
+
+# readiness events lost: only the requests whose event was lost fail (retryable)
+epd drop --requests 40 --size 1MiB --faults drop-events@0.1 --push-wait-s 2 --lease-ms 2000
+check replay_epd_drop_events_retryable jcheck drop "rc == 0 and j['failures'] == 0 and 0 < j['retryable_errors'] < 20 and j['bytes_verified'] == j['bytes_taken']"
+
+check replay_epd_usage_errors sh -c "'$KVP' replay --epd --faults frob@1 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --size 3 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --frob >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --help | grep -q 'kvpool server'"
+checks_end
