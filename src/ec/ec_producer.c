@@ -357,6 +357,9 @@ static void run_reserve(kvp__ec_producer_t *pr, rec_t *r)
     r->rep.reserve_sent_ns = kvp__now_ns();
     kvp_status_t st = reserve_all(pr, r, &sh, &n);
     r->rep.reserve_done_ns = kvp__now_ns();
+    for (size_t i = 0; st == KVP_OK && i < n; i++)
+        if (sh[i].write && !sh[i].cancelled)
+            kvp__ec_push_tx_prepare(pr->tx, sh[i].session);
     bool cancel_now = false;
     pthread_mutex_lock(&pr->mu);
     cancel_now = r->state == P_CANCEL_PENDING;

@@ -134,6 +134,12 @@ void kvp__ec_push_tx_destroy(kvp__ec_push_tx_t *tx);
 kvp_status_t kvp__ec_push_tx_write(kvp__ec_push_tx_t *tx, const char *session, const char *reservation_id,
                                    uint64_t dst_ptr, const void *src, uint64_t len, unsigned *path_p);
 
+/* Sets up what a write to session needs (the UCX endpoint, the rkey and
+ * this process's page tables over a shared-memory slab) ahead of the
+ * first write, so a write's time is the transfer's.  Best effort: a write
+ * still sets up whatever this could not. */
+void kvp__ec_push_tx_prepare(kvp__ec_push_tx_t *tx, const char *session);
+
 typedef struct kvp__ec_push_tx_stats {
     uint64_t writes, bytes, failures, ucx_writes, tcp_writes;
     uint64_t write_ns; /* summed time inside writes */

@@ -38,6 +38,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -401,6 +402,16 @@ static bool ucx_ready(kvp__ec_push_tx_t *tx, peer_t *pe)
         (void)kvp__ucx_ep_close(tx->ucx.worker, pe->ep, 0);
         pe->rkey = NULL;
     }
+    if (us == UCS_OK) {
+        /* Where the slab is mapped into this process (shared memory), map
+         * its page tables now, once per session, instead of one fault per
+         * page inside the first write to each slot. */
+        void *local = NULL;
+        if (ucp_rkey_ptr(pe->rkey, pe->s.base, &local) == UCS_OK && local) {
+            uintptr_t a = (uintptr_t)local & ~(uintptr_t)4095;
+            (void)madvise((void *)a, pe->s.size + ((uintptr_t)local - a), MADV_POPULATE_WRITE);
+        }
+    }
     if (us != UCS_OK) {
         kvp_warn_rl("ec push tx: UCX endpoint to the session: %s: using TCP", ucs_status_string(us));
         pe->ep = NULL;
@@ -434,6 +445,21 @@ static kvp_status_t ucx_write(kvp__ec_push_tx_t *tx, peer_t *pe, uint64_t dst_pt
     }
     pthread_mutex_unlock(&tx->ucx_mu);
     return st;
+}
+
+void kvp__ec_push_tx_prepare(kvp__ec_push_tx_t *tx, const char *session)
+{
+    peer_t *pe;
+    bool temp;
+    if (!tx || !session || !session[0] || peer_get(tx, session, &pe, &temp) != KVP_OK)
+        return;
+    if ((tx->p.paths & KVP__EC_PATH_UCX) && pe->s.ucx_addr_len) {
+        pthread_mutex_lock(&tx->ucx_mu);
+        (void)ucx_ready(tx, pe);
+        pthread_mutex_unlock(&tx->ucx_mu);
+    }
+    if (temp)
+        peer_free(tx, pe);
 }
 
 kvp_status_t kvp__ec_push_tx_write(kvp__ec_push_tx_t *tx, const char *session, const char *reservation_id,

@@ -24,8 +24,11 @@
  *   bytes_pushed  sum of nbytes x shards written, over push records
  *   bytes_taken   bytes the prefill ranks put into their encoder caches
  *   bytes_verified  those equal to the deterministic encoder output
- *   push_gbps     bytes_pushed / sum over written pushes of (write done -
- *                 write start), 1 GB = 1e9 B
+ *   push_gbps     bytes_pushed / the time during which some write was in
+ *                 flight (the union of the written pushes' [write start,
+ *                 write done] intervals: pushes that overlap share the
+ *                 link, so summing their durations would count the shared
+ *                 time once per push), 1 GB = 1e9 B
  *   push_p50/p99  reserve sent (producer) -> the last shard's readiness
  *                 event received by the consumer scheduler's inbox, over
  *                 written pushes (CLOCK_MONOTONIC in both processes)
@@ -514,19 +517,48 @@ static void jnum(kvp__jw_t *b, const char *k, double v, bool is_int)
     kvp__jw_puts(b, num);
 }
 
+typedef struct {
+    uint64_t a, b;
+} span_t;
+
+static int cmp_span(const void *x, const void *y)
+{
+    const span_t *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+/* The length of the union of n intervals (sorts them). */
+static uint64_t union_ns(span_t *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_span);
+    uint64_t total = 0, a = 0, b = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || v[i].a > b) {
+            total += b - a;
+            a = v[i].a;
+            b = v[i].b;
+        } else if (v[i].b > b) {
+            b = v[i].b;
+        }
+    }
+    return n ? total + (b - a) : 0;
+}
+
 static int report(run_t *r, double mc, double wall_s)
 {
     size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0;
     uint64_t *lat = kvp__calloc(n ? n : 1, sizeof *lat), *res = kvp__calloc(n ? n : 1, sizeof *res);
     uint64_t *cres = kvp__calloc(n ? n : 1, sizeof *cres), *wr = kvp__calloc(n ? n : 1, sizeof *wr);
+    span_t *spans = kvp__calloc(n ? n : 1, sizeof *spans);
     size_t nwr = 0;
     uint64_t write_ns = 0, written_bytes = 0, no_event = 0;
-    for (size_t i = 0; lat && res && cres && wr && i < r->xfers.cap; i++) {
+    for (size_t i = 0; lat && res && cres && wr && spans && i < r->xfers.cap; i++) {
         const xfer_t *x = r->xfers.slots[i].val;
         if (!r->xfers.slots[i].key || !x->pushed)
             continue;
         if (x->written > 0) {
-            write_ns += x->write_done > x->write_start ? x->write_done - x->write_start : 0;
+            spans[nwr].a = x->write_start;
+            spans[nwr].b = x->write_done > x->write_start ? x->write_done : x->write_start;
             wr[nwr++] = x->write_done > x->write_start ? x->write_done - x->write_start : 0;
             written_bytes += (uint64_t)x->nbytes * (uint64_t)x->written;
             res[nres++] = x->reserve_done - x->reserve_sent;
@@ -538,6 +570,9 @@ static int report(run_t *r, double mc, double wall_s)
             cres[ncres++] = x->reserve_done - x->reserve_sent;
         }
     }
+    if (spans)
+        write_ns = union_ns(spans, nwr);
+    kvp__free(spans, (n ? n : 1) * sizeof *spans);
     double push_gbps = write_ns ? (double)written_bytes / ((double)write_ns / 1e9) / 1e9 : 0;
     double p50 = pct_us(lat, nlat, 0.5), p99 = pct_us(lat, nlat, 0.99), r50 = pct_us(res, nres, 0.5);
     double cr50 = pct_us(cres, ncres, 0.5);
@@ -562,8 +597,9 @@ static int report(run_t *r, double mc, double wall_s)
            "\n",
            r->pf.cross_cache_hits, r->pf.reserves_cached, r->pf.encoded);
     printf("  push bandwidth %.2f GB/s (memcpy baseline %.2f GB/s, %.0f %%; %" PRIu64 " over UCX, %" PRIu64
-           " over TCP; write p50 %.0f us)\n",
-           push_gbps, mc, mc > 0 ? 100 * push_gbps / mc : 0.0, r->via_ucx, r->via_tcp, pct_us(wr, nwr, 0.5));
+           " over TCP; write p50 %.0f us, p90 %.0f us, p99 %.0f us)\n",
+           push_gbps, mc, mc > 0 ? 100 * push_gbps / mc : 0.0, r->via_ucx, r->via_tcp, pct_us(wr, nwr, 0.5),
+           pct_us(wr, nwr, 0.9), pct_us(wr, nwr, 0.99));
     printf("  push latency (reserve -> readiness event) p50 %.0f us, p99 %.0f us%s\n", p50, p99,
            no_event ? " (some pushes had no event)" : "");
     printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us\n", r50, cr50,
