@@ -657,6 +657,9 @@ typedef struct kvp_ec_worker_stats {
     /* producer */
     uint64_t pushes, pushes_cached, pushes_failed, pushes_retryable, bytes_pushed;
     uint64_t pushes_pending, cross_cache_puts;
+    /* consumer: reservations ended because their writer never completed nor
+     * abandoned within one more lease (a dead producer) */
+    uint64_t writers_abandoned;
 } kvp_ec_worker_stats_t;
 
 KVP_API void kvp_ec_worker_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st);

@@ -52,6 +52,12 @@ static kvp_status_t fetch_from_pool(void *ctx, const char *mm_hash, const kvp__e
         w->bounce_cap = t->nbytes;
     }
     kvp_key_t k = {key, (uint32_t)klen};
+    /* A miss (most reserves) costs one small exists round trip, not a get
+     * with a destination of the tensor's size. */
+    uint8_t present = 0;
+    kvp_status_t est = kvp_pool_exists(w->pool, &k, 1, &present);
+    if (est != KVP_OK || !present)
+        return est != KVP_OK ? est : KVP_ERR_NOT_FOUND;
     kvp_iov_t iov = {w->bounce, t->nbytes};
     kvp_sgl_t sgl = {&iov, 1};
     kvp_key_result_t res;
@@ -274,6 +280,7 @@ void kvp__ec_consumer_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *o)
     o->takes_failed = r.takes_failed;
     o->expired = r.expired;
     o->reclaimed = r.reclaimed;
+    o->writers_abandoned = r.writers_abandoned;
     if (w->srv) {
         kvp__ec_ctl_server_stats_t s;
         kvp__ec_ctl_server_stats(w->srv, &s);

@@ -11,9 +11,10 @@
  * it READY under a new lease; a take hands the tensor to the engine through
  * the resident set and removes the record.  A writer's memory may still be
  * written by RDMA, so neither a cancel nor a lease running out frees it:
- * the record is parked in CANCEL_PENDING / EXPIRE_PENDING (no deadline) until
- * the writer's complete, or a cancel with abandon (the producer says its
- * write has stopped), ends it.  Every end is a tombstone (CANCELLED: a
+ * the record is parked in CANCEL_PENDING / EXPIRE_PENDING until the
+ * writer's complete, or a cancel with abandon (the producer says its write
+ * has stopped), ends it -- or one more lease passes (a dead writer; see
+ * defer).  Every end is a tombstone (CANCELLED: a
  * later reserve answers cancelled; EXPIRED: a later reserve starts afresh)
  * kept lease_ms, and at most max_tombstones of them, oldest first.
  *
@@ -402,19 +403,30 @@ static void terminate(kvp__ec_resv_t *r, kvp__ec_rrec_t *rec, kvp__ec_rstate_t t
     set_tombstone(r, rec, now);
 }
 
-/* reservation.py _defer: parked until the writer completes or abandons. */
-static void defer(kvp__ec_resv_t *r, kvp__ec_rrec_t *rec, kvp__ec_rstate_t to)
+/* reservation.py _defer: parked until the writer completes or abandons --
+ * or, kvpool's addition, until one more lease has passed: the seed parks
+ * with no deadline, so a producer that dies mid-write (it never completes
+ * nor abandons) would hold the memory for ever.  A writer still writing a
+ * whole lease after its reservation ran out is taken for dead: the TCP
+ * receiver has dropped its connection long before (idle_ms, 30 s, against
+ * a 300 s lease), and a one-sided put cannot be stopped by the consumer in
+ * any case (docs/ec-push.md). */
+static void defer(kvp__ec_resv_t *r, kvp__ec_rrec_t *rec, kvp__ec_rstate_t to, int64_t now)
 {
     if (set_state(r, rec, to) == KVP_OK)
-        rec->expires_at = INT64_MAX;
+        rec->expires_at = lease_end(r, now);
 }
 
 /* reservation.py _expire_locked.  Returns the READY records expired.
- * (Only the current record leaves the active list: a READY record and a
- * follower have no followers, and a writer is parked, not ended.) */
+ * A READY record and a follower have no followers, so ending one takes only
+ * itself off the active list; ending a parked writer (its one more lease
+ * has passed) also ends its followers, which may include the iterator's
+ * next entry, so the walk starts again after it (the writer is gone from
+ * the list: the walk still ends). */
 static size_t expire_locked(kvp__ec_resv_t *r, int64_t now)
 {
     size_t n = 0;
+again:
     KVP_LIST_FOR_EACH_ENTRY_SAFE(rec, tmp, &r->active, kvp__ec_rrec_t, alink) {
         if (rec->expires_at > now)
             continue;
@@ -426,8 +438,13 @@ static size_t expire_locked(kvp__ec_resv_t *r, int64_t now)
             if (rec->writer)
                 terminate(r, rec, KVP__EC_R_CANCELLED, now);
             else
-                defer(r, rec, KVP__EC_R_EXPIRE_PENDING);
+                defer(r, rec, KVP__EC_R_EXPIRE_PENDING, now);
             r->st.expired++;
+        } else if (rec->state == KVP__EC_R_CANCEL_PENDING || rec->state == KVP__EC_R_EXPIRE_PENDING) {
+            /* the writer never came back (see defer) */
+            terminate(r, rec, rec->state == KVP__EC_R_CANCEL_PENDING ? KVP__EC_R_CANCELLED : KVP__EC_R_EXPIRED, now);
+            r->st.writers_abandoned++;
+            goto again;
         }
     }
     reap(r, now);
@@ -876,7 +893,7 @@ static kvp_status_t do_cancel(kvp__ec_resv_t *r, const char *tid, const char *ri
     } else if (KVP__EC_RS_IN(rec->state, KVP__EC_RS_DEFERRED) && !abandon) {
         *deferred_p = true; /* memory kept: the writer may still write */
     } else if (rec->state == KVP__EC_R_WRITING && !abandon) {
-        defer(r, rec, KVP__EC_R_CANCEL_PENDING);
+        defer(r, rec, KVP__EC_R_CANCEL_PENDING, now);
         *deferred_p = true;
     } else if (!KVP__EC_RS_IN(rec->state, KVP__EC_RS_ACTIVE)) {
         return KVP_OK; /* rejected (an EXPIRED tombstone) */
@@ -955,7 +972,7 @@ void kvp__ec_resv_begin_shutdown(kvp__ec_resv_t *r)
             if (rec->writer || rec->state == KVP__EC_R_READY)
                 terminate(r, rec, KVP__EC_R_CANCELLED, now);
             else if (rec->state == KVP__EC_R_WRITING)
-                defer(r, rec, KVP__EC_R_CANCEL_PENDING);
+                defer(r, rec, KVP__EC_R_CANCEL_PENDING, now);
         }
         reap(r, now);
         pthread_cond_broadcast(&r->cv);

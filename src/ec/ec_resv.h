@@ -201,6 +201,7 @@ typedef struct kvp__ec_resv_stats {
     uint64_t slab_free_bytes;
     uint64_t reserves, reserves_cached, reserves_full, reserves_capped;
     uint64_t completes, cancels, takes, takes_failed, expired, reclaimed;
+    uint64_t writers_abandoned; /* parked records ended after one more lease (a dead writer) */
 } kvp__ec_resv_stats_t;
 
 void kvp__ec_resv_stats(kvp__ec_resv_t *r, kvp__ec_resv_stats_t *st);

@@ -222,8 +222,8 @@ kvp_status_t kvp_ec_worker_get_finished(kvp_ec_worker_t *w, const char *const *f
 {
     if (!w || (n && !finished))
         return KVP_ERR_INVALID_ARG;
-    if (!w->prod)
-        return KVP_OK;
+    if (!w->prod || n == 0)
+        return KVP_OK; /* (the producer's NULL list means "every orphan": its own shutdown only) */
     return kvp__ec_producer_finished(w->prod, finished, n);
 }
 

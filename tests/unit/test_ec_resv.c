@@ -301,10 +301,16 @@ TEST(test_ec_resv_reserve_expire_pending_still_has_writer)
     ASSERT_STR_EQ(f.err, "Transfer 't1' still has an active writer");
     ASSERT_EQ(reserve(&f, "it's", "H2", 64, 0, &o), KVP_ERR_STATE);
     ASSERT_STR_EQ(f.err, "Transfer \"it's\" still has an active writer"); /* Python's repr */
-    /* parked: no deadline, however long */
-    f.now += 100 * LEASE;
+    /* parked for one more lease; then its writer is taken for dead (kvpool:
+     * the seed parks for ever, so a killed producer would leak the memory) */
+    f.now += LEASE - 1;
     expire(&f);
     ASSERT_EQ(st_of(&f, "t1"), KVP__EC_R_EXPIRE_PENDING);
+    f.now += 1;
+    expire(&f);
+    ASSERT_EQ(st_of(&f, "t1"), KVP__EC_R_EXPIRED);
+    ASSERT_EQ(stats(&f).writers_abandoned, 2); /* t1 and it's */
+    ASSERT_EQ(stats(&f).bytes_reserved, 0);
     fx_done(&f);
 }
 
@@ -449,10 +455,10 @@ TEST(test_ec_resv_complete_pending_frees_and_accepts)
     kvp__ec_reserve_out_t a = reserve_ok(&f, "t1", "H1", 64);
     kvp__ec_reserve_out_t b = reserve_ok(&f, "t2", "H2", 64);
     bool d;
+    f.now += LEASE;
     ASSERT(cancel(&f, "t1", a.reservation_id, false, false, &d));
     ASSERT(d);
     ASSERT_EQ(st_of(&f, "t1"), KVP__EC_R_CANCEL_PENDING);
-    f.now += LEASE;
     expire(&f);
     ASSERT_EQ(st_of(&f, "t2"), KVP__EC_R_EXPIRE_PENDING);
     ASSERT_EQ(stats(&f).bytes_reserved, 512);
@@ -555,8 +561,8 @@ TEST(test_ec_resv_s49_cancel_while_writing_deferred)
     ASSERT(reserve_ok(&f, "t1", "H", 1000).cancelled);
     ASSERT(cancel(&f, "t1", "", false, false, &d));
     ASSERT(d);
-    /* no lease runs out on it */
-    f.now += 10 * LEASE;
+    /* the writer has one more lease to come back */
+    f.now += LEASE - 1;
     expire(&f);
     ASSERT_EQ(st_of(&f, "t1"), KVP__EC_R_CANCEL_PENDING);
     /* the writer's complete: discarded, memory freed */
@@ -728,11 +734,17 @@ TEST(test_ec_resv_expiry_ready_expired_writing_pending)
     ASSERT_EQ(st.bytes_reserved, 256); /* only the parked writer's */
     ASSERT_EQ(st.expired, 3);
     /* tombstones go at their own deadline */
+    f.now = t0 + 2 * LEASE - 1;
+    expire(&f);
+    ASSERT_EQ(st_of(&f, "writing"), KVP__EC_R_EXPIRE_PENDING);
     f.now = t0 + 2 * LEASE;
     expire(&f);
     ASSERT_EQ(st_of(&f, "ready"), -1);
     ASSERT_EQ(st_of(&f, "follower"), -1);
-    ASSERT_EQ(st_of(&f, "writing"), KVP__EC_R_EXPIRE_PENDING);
+    /* and the parked writer, whose writer never came back, ends too */
+    ASSERT_EQ(st_of(&f, "writing"), KVP__EC_R_EXPIRED);
+    ASSERT_EQ(stats(&f).writers_abandoned, 1);
+    ASSERT_EQ(stats(&f).bytes_reserved, 0);
     fx_done(&f);
 }
 
