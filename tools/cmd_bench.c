@@ -233,6 +233,7 @@ static void usage(void)
             "usage: kvpool bench --uri URI --op put|get|mixed|exists|prefix --size BYTES --count N\n"
             "                    [--threads T] [--conns C] [--batch B] [--json]\n"
             "       kvpool bench --kv-scheduler [--json]   |   --ec-scheduler [--json]\n"
+            "       kvpool bench --ec-push [--runs N] [--sizes BYTES,...] [--json]\n"
             "       kvpool bench --lookup [--count N] [--json]\n"
             "  sizes accept B, KiB, MiB, GiB; --batch: keys per exists/prefix call (default 128)\n"
             "  --conns: pool handles the threads share round-robin (default 1; a kvpool:// URI\n"
@@ -335,6 +336,8 @@ static const char *bench_uri(const char *uri, char *buf, size_t len)
     return buf;
 }
 
+int kvp_bench_ec_push(int argc, char **argv); /* tools/bench_ec_push.c */
+
 int kvp_cmd_bench(int argc, char **argv)
 {
     /* Scheduler benchmarks live in their own files (bench_*.c). */
@@ -345,6 +348,7 @@ int kvp_cmd_bench(int argc, char **argv)
         if (strcmp(argv[i], "--lookup") == 0) return kvp_bench_lookup(argc, argv);
         if (strcmp(argv[i], "--kv-worker") == 0) return kvp_bench_kv_worker(argc, argv);
         if (strcmp(argv[i], "--ec-scheduler") == 0) return kvp_bench_ec_scheduler(argc, argv);
+        if (strcmp(argv[i], "--ec-push") == 0) return kvp_bench_ec_push(argc, argv);
         (void)argv[i];
     }
     bench_cfg_t cfg;

@@ -595,7 +595,8 @@ typedef struct kvp_ec_worker_params {
      * outlives the worker) and the store-key namespace (model name). */
     struct kvp_pool *pool;
     const char *model;
-    /* Producer: called once per push when it ends (any thread). */
+    /* Producer: called once per push when it ends, on one of the worker's
+     * threads with its lock held: it must not call back into the worker. */
     void (*on_push)(void *ctx, const kvp_ec_push_record_t *rec);
     void *on_push_ctx;
 } kvp_ec_worker_params_t;

@@ -5,9 +5,9 @@
  * slots; and the load path that takes pushed (or resident) tensors into the
  * engine's encoder cache.
  *
- * Life: start maps the slab, then makes the table, the receiver (the data
- * port binds the same host as the control server) and the server, in that
- * order; stop undoes them in reverse, after telling the table to shut down
+ * Life: start makes the receiver (which allocates the slab; the data port
+ * binds the same host as the control server), the table over its slab and
+ * the server, in that order; stop undoes them in reverse, after telling the table to shut down
  * and waiting (up to the control timeout) for writers that own memory, so
  * no remote write can land in unmapped memory.
  */
@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -24,7 +23,12 @@
 static kvp_status_t check_write(void *ctx, uint64_t offset, uint64_t len, const char *rid)
 {
     kvp_ec_worker_t *w = ctx;
-    return kvp__ec_resv_check_write(w->resv, offset, len, rid && rid[0] ? rid : NULL);
+    /* The receiver listens before the table exists (it allocates the slab
+     * the table is made over): a write that early names no reservation. */
+    kvp__ec_resv_t *resv = __atomic_load_n(&w->resv, __ATOMIC_ACQUIRE);
+    if (!resv)
+        return KVP_ERR_INVALID_ARG;
+    return kvp__ec_resv_check_write(resv, offset, len, rid && rid[0] ? rid : NULL);
 }
 
 /* The cross-encoder cache on the server thread: a reserve of a hash not
@@ -92,15 +96,27 @@ kvp_status_t kvp__ec_consumer_start(kvp_ec_worker_t *w, const kvp_ec_worker_para
         goto bad_addr;
     const char *bind_host = p->bind_host && p->bind_host[0] ? p->bind_host : host;
 
+    /* The receiver allocates the slab: with UCX shared memory where UCX
+     * offers it, so a producer's put is a one-sided copy (a put into memory
+     * the caller mapped is emulated by UCX here: docs/ec-push.md). */
     w->slab_size = (size_t)w->cfg.pool_size;
-    void *m = mmap(NULL, w->slab_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) {
-        kvp_error("ec consumer: cannot map a %zu-byte receive pool", w->slab_size);
-        w->slab = NULL;
-        return KVP_ERR_NO_MEMORY;
-    }
-    w->slab = m;
+    unsigned paths = p->push_path == KVP_EC_PUSH_TCP   ? KVP__EC_PATH_TCP
+                     : p->push_path == KVP_EC_PUSH_UCX ? KVP__EC_PATH_UCX
+                                                       : KVP__EC_PATH_TCP | KVP__EC_PATH_UCX;
+    kvp__ec_push_rx_params_t xp = {
+        .host = bind_host,
+        .port = 0,
+        .slab = NULL,
+        .slab_size = w->slab_size,
+        .paths = paths,
+        .check = check_write,
+        .check_ctx = w,
+    };
+    if ((st = kvp__ec_push_rx_create(&xp, &w->rx)) != KVP_OK)
+        return st;
+    w->slab = kvp__ec_push_rx_slab(w->rx);
 
+    kvp__ec_resv_t *resv = NULL;
     kvp__ec_resv_params_t rp = {
         .slab = w->slab,
         .slab_size = w->slab_size,
@@ -109,23 +125,9 @@ kvp_status_t kvp__ec_consumer_start(kvp_ec_worker_t *w, const kvp_ec_worker_para
         .peer_max_reservations = p->peer_max_reservations > 0 ? (size_t)p->peer_max_reservations : 65536,
         .peer_max_bytes = p->peer_max_bytes > 0 ? (uint64_t)p->peer_max_bytes : (uint64_t)w->slab_size,
     };
-    if ((st = kvp__ec_resv_create(&rp, &w->resv)) != KVP_OK)
+    if ((st = kvp__ec_resv_create(&rp, &resv)) != KVP_OK)
         return st;
-
-    unsigned paths = p->push_path == KVP_EC_PUSH_TCP   ? KVP__EC_PATH_TCP
-                     : p->push_path == KVP_EC_PUSH_UCX ? KVP__EC_PATH_UCX
-                                                       : KVP__EC_PATH_TCP | KVP__EC_PATH_UCX;
-    kvp__ec_push_rx_params_t xp = {
-        .host = bind_host,
-        .port = 0,
-        .slab = w->slab,
-        .slab_size = w->slab_size,
-        .paths = paths,
-        .check = check_write,
-        .check_ctx = w,
-    };
-    if ((st = kvp__ec_push_rx_create(&xp, &w->rx)) != KVP_OK)
-        return st;
+    __atomic_store_n(&w->resv, resv, __ATOMIC_RELEASE);
 
     uint16_t ports[1024];
     if (tp > 1024)
@@ -161,15 +163,16 @@ void kvp__ec_consumer_stop(kvp_ec_worker_t *w)
     }
     kvp__ec_ctl_server_destroy(w->srv);
     w->srv = NULL;
-    kvp__ec_push_rx_destroy(w->rx); /* no write lands after this */
+    /* The receiver stops (no write lands after this) and frees the slab;
+     * the table, which never touches the slab's bytes at destroy, goes
+     * after it. */
+    kvp__ec_push_rx_destroy(w->rx);
     w->rx = NULL;
+    w->slab = NULL;
     kvp__ec_resv_destroy(w->resv);
     w->resv = NULL;
     if (!drained)
         kvp_warn("ec consumer: writers still owned reservations at shutdown; their connections were closed");
-    if (w->slab)
-        munmap(w->slab, w->slab_size);
-    w->slab = NULL;
     kvp__free(w->bounce, w->bounce_cap);
     w->bounce = NULL;
     w->bounce_cap = 0;

@@ -60,7 +60,10 @@
 typedef struct kvp__ec_push_rx kvp__ec_push_rx_t;
 
 typedef struct kvp__ec_push_rx_params {
-    const char *host;      /* the data port's bind address (IPv4 or name); required */
+    /* The data port's bind address (IPv4 or name); required.  The session
+     * advertises the bound address: bind a specific one (0.0.0.0 would be
+     * advertised as such). */
+    const char *host;
     uint16_t port;         /* 0 = any */
     /* The receive slab (borrowed; outlives the receiver), or NULL: the
      * receiver allocates slab_size bytes itself (UCX shared memory where UCX
@@ -124,7 +127,10 @@ void kvp__ec_push_tx_destroy(kvp__ec_push_tx_t *tx);
  * (the receiver refused the write: range, header, connection cap; logged),
  * KVP_ERR_TIMEOUT, KVP_ERR_CONN_REFUSED, KVP_ERR_CONN_LOST, KVP_ERR_IO,
  * KVP_ERR_UNSUPPORTED (no path both sides offer).
- * *path_p (may be NULL): the path used (0 when none was). */
+ * *path_p (may be NULL): the path used (0 when none was).  The timeout
+ * bounds waits (connect, socket room, status, UCX completion); a one-sided
+ * UCX put to shared memory is a copy inside ucp_put_nbx that it cannot
+ * interrupt. */
 kvp_status_t kvp__ec_push_tx_write(kvp__ec_push_tx_t *tx, const char *session, const char *reservation_id,
                                    uint64_t dst_ptr, const void *src, uint64_t len, unsigned *path_p);
 

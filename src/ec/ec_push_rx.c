@@ -18,7 +18,12 @@
  *                        decided before any byte of data is read, the
  *                        connection closing after the status
  *   DATA    recv straight into the slot      -> STATUS (OK, last byte landed)
- *   STATUS  writing the 36-byte status frame -> HEADER (OK) or CLOSED
+ *   STATUS  writing the 36-byte status frame -> HEADER (OK) or DRAIN
+ *   DRAIN   after an error status: our side shut for writing (FIN after
+ *           the status), whatever the peer still sends read and dropped
+ *           until its EOF, for at most DRAIN_MS -> CLOSED.  (Closing with
+ *           unread bytes would send a reset, and a reset can make the peer
+ *           lose the status it has not read yet.)
  *   CLOSED  (terminal; the slot is freed at once)
  *
  * Every state may go to CLOSED: EOF, a read error, or idle_ms without a byte
@@ -59,6 +64,7 @@ typedef enum conn_state {
     C_HEADER, /* reading a frame head and write header */
     C_DATA,   /* receiving the data into the slot */
     C_STATUS, /* writing the status frame */
+    C_DRAIN,  /* error status written: dropping input until EOF */
     C_CLOSED, /* closed; freed */
     C_NUM
 } conn_state_t;
@@ -66,7 +72,8 @@ typedef enum conn_state {
 static const unsigned conn_next[C_NUM] = {
     [C_HEADER] = 1u << C_DATA | 1u << C_STATUS | 1u << C_CLOSED,
     [C_DATA] = 1u << C_STATUS | 1u << C_CLOSED,
-    [C_STATUS] = 1u << C_HEADER | 1u << C_CLOSED,
+    [C_STATUS] = 1u << C_HEADER | 1u << C_DRAIN | 1u << C_CLOSED,
+    [C_DRAIN] = 1u << C_CLOSED,
     [C_CLOSED] = 0,
 };
 
@@ -79,6 +86,7 @@ typedef struct conn {
     kvp__lane_tx_t wr;        /* STATUS */
     bool close_after;         /* STATUS: an error status; close once written */
     uint64_t last_ns;         /* last byte either way */
+    uint64_t drain_until_ns;  /* DRAIN: closed by then whatever comes */
     struct conn *prev, *next; /* the receiver's list */
 } conn_t;
 
@@ -105,6 +113,8 @@ struct kvp__ec_push_rx {
         _Atomic uint64_t writes, bytes, bad_headers, out_of_bounds;
     } st;
 };
+
+#define DRAIN_MS 1000
 
 #define STAT_ADD(rx, f, n) atomic_fetch_add_explicit(&(rx)->st.f, (n), memory_order_relaxed)
 
@@ -189,9 +199,13 @@ static int drive_status(kvp__ec_push_rx_t *rx, conn_t *c)
         want_out(rx, c, true);
         return 0;
     }
-    if (c->close_after)
-        return -1;
     want_out(rx, c, false);
+    if (c->close_after) {
+        shutdown(c->fd, SHUT_WR);
+        c->drain_until_ns = kvp__now_ns() + DRAIN_MS * 1000000ull;
+        conn_set_state(c, C_DRAIN);
+        return 0;
+    }
     kvp__lane_rx_reset(&c->rd);
     conn_set_state(c, C_HEADER);
     return 0;
@@ -204,6 +218,13 @@ static int drive(kvp__ec_push_rx_t *rx, conn_t *c)
     for (int rounds = 0; rounds < 64; rounds++) {
         if (c->state == C_STATUS)
             return drive_status(rx, c);
+        if (c->state == C_DRAIN) {
+            static __thread uint8_t sink[65536];
+            ssize_t k = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
+            if (k > 0)
+                continue;
+            return k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        }
         kvp__lane_ev_t ev = kvp__lane_rx_step(&c->rd, c->fd);
         switch (ev) {
         case KVP_LANE_AGAIN: return 0;
@@ -292,8 +313,9 @@ static void reap_idle(kvp__ec_push_rx_t *rx, uint64_t now)
     uint64_t idle_ns = (uint64_t)rx->p.idle_ms * 1000000ull;
     for (conn_t *c = rx->conns, *n; c; c = n) {
         n = c->next;
-        if (now - c->last_ns > idle_ns) {
-            STAT_ADD(rx, conns_idle_closed, 1);
+        if (c->state == C_DRAIN ? now > c->drain_until_ns : now - c->last_ns > idle_ns) {
+            if (c->state != C_DRAIN)
+                STAT_ADD(rx, conns_idle_closed, 1);
             kvp_info_rl("ec push rx: connection idle for %lld ms: closing it", (long long)rx->p.idle_ms);
             conn_close(rx, c);
         }

@@ -89,7 +89,8 @@
 #include "ec/ec_resv_int.h"
 
 static const uint8_t g_allowed[KVP__EC_R_NUM_STATES] = {
-    [KVP__EC_R_WRITING] = KVP__EC_RS(KVP__EC_R_READY) | KVP__EC_RS(KVP__EC_R_CANCEL_PENDING) | KVP__EC_RS(KVP__EC_R_EXPIRE_PENDING) |
+    [KVP__EC_R_WRITING] = KVP__EC_RS(KVP__EC_R_READY) | KVP__EC_RS(KVP__EC_R_CANCEL_PENDING) |
+                          KVP__EC_RS(KVP__EC_R_EXPIRE_PENDING) |
                           KVP__EC_RS(KVP__EC_R_CANCELLED),
     [KVP__EC_R_READY] = KVP__EC_RS(KVP__EC_R_CANCELLED) | KVP__EC_RS(KVP__EC_R_EXPIRED),
     [KVP__EC_R_CANCEL_PENDING] = KVP__EC_RS(KVP__EC_R_CANCELLED),
@@ -221,15 +222,21 @@ static void rid_fill(char rid[KVP__EC_RID_LEN + 1], const uint8_t raw[KVP__EC_RI
  * list.  Called after every change of state, extent or lease. */
 static void rec_sync(kvp__ec_resv_t *r, kvp__ec_rrec_t *rec, bool alive)
 {
+    bool active = alive && KVP__EC_RS_IN(rec->state, KVP__EC_RS_ACTIVE);
     uint64_t want = alive && rec->has_ext ? rec->ext.size : 0;
     r->bytes_reserved = r->bytes_reserved - rec->acct_bytes + want;
-    if (rec->peer)
-        rec->peer->bytes = rec->peer->bytes - rec->acct_bytes + want;
-    kvp__assert(want == 0 || rec->peer);
     rec->acct_bytes = want;
-    if (rec->peer && !(alive && KVP__EC_RS_IN(rec->state, KVP__EC_RS_ACTIVE))) {
+    /* a record leaving the active states still holds its extent until
+     * release() a moment later; its peer stops paying for it now */
+    uint64_t pwant = active ? want : 0;
+    if (rec->peer) {
+        rec->peer->bytes = rec->peer->bytes - rec->peer_bytes + pwant;
+        rec->peer_bytes = pwant;
+    }
+    kvp__assert(pwant == 0 || rec->peer);
+    if (rec->peer && !active) {
         kvp__ec_peer_t *p = rec->peer;
-        kvp__assert(p->n > 0);
+        kvp__assert(p->n > 0 && rec->peer_bytes == 0);
         p->n--;
         rec->peer = NULL;
         peer_gc(r, p);
@@ -624,7 +631,8 @@ static kvp_status_t do_reserve(kvp__ec_resv_t *r, const kvp__ec_reserve_in_t *in
     }
 
     uint64_t size = kvp__ec_alloc_round(in->t.nbytes);
-    if (in->peer && r->p.peer_max_bytes && size && (size > r->p.peer_max_bytes || p->bytes > r->p.peer_max_bytes - size))
+    uint64_t cap = r->p.peer_max_bytes;
+    if (in->peer && cap && size && (size > cap || p->bytes > cap - size))
         goto capped;
     kvp__ec_ext_t ext;
     s = kvp__ec_resv_do_alloc(r, in->t.nbytes, true, now, &ext);
@@ -858,7 +866,7 @@ static kvp_status_t do_cancel(kvp__ec_resv_t *r, const char *tid, const char *ri
     } else if (rec->state == KVP__EC_R_CANCELLED) {
         set_tombstone(r, rec, now);
     } else if (refresh) {
-        if (!abandon || !KVP__EC_RS_IN(rec->state, KVP__EC_RS(KVP__EC_R_WRITING) | KVP__EC_RS(KVP__EC_R_EXPIRE_PENDING)))
+        if (!abandon || (rec->state != KVP__EC_R_WRITING && rec->state != KVP__EC_R_EXPIRE_PENDING))
             return KVP_OK; /* rejected */
         if (rec->state == KVP__EC_R_WRITING && set_state(r, rec, KVP__EC_R_EXPIRE_PENDING) != KVP_OK)
             return KVP_ERR_STATE;

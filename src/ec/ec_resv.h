@@ -185,6 +185,12 @@ kvp_status_t kvp__ec_resv_check_write(kvp__ec_resv_t *r, uint64_t offset, uint64
 void kvp__ec_resv_begin_shutdown(kvp__ec_resv_t *r);
 bool kvp__ec_resv_wait_for_writers(kvp__ec_resv_t *r, int64_t timeout_ms);
 
+/* Byte figures are extents (rounded up to KVP__EC_SLAB_ALIGN), so
+ * slab_free_bytes + bytes_reserved + resident_bytes == slab_size always.
+ * Counters: reserves = reserve calls (every outcome); completes and cancels
+ * = accepted ones; expired = records whose lease ran out (READY -> EXPIRED,
+ * WRITING -> EXPIRE_PENDING, a follower -> CANCELLED); reclaimed = resident
+ * entries evicted under pressure. */
 typedef struct kvp__ec_resv_stats {
     uint64_t records;           /* every record, tombstones included */
     uint64_t active;            /* WRITING, READY, *_PENDING */
@@ -198,7 +204,10 @@ typedef struct kvp__ec_resv_stats {
 } kvp__ec_resv_stats_t;
 
 void kvp__ec_resv_stats(kvp__ec_resv_t *r, kvp__ec_resv_stats_t *st);
-/* What one peer holds now. */
+/* What one peer holds now: its active records (followers and cached ones
+ * included) and the extents they own (a writer's, until it is published to
+ * the resident set; followers and cached records own none).  Peer 0 is
+ * counted but never capped. */
 void kvp__ec_resv_peer_usage(kvp__ec_resv_t *r, uint64_t peer, size_t *reservations_p, uint64_t *bytes_p);
 
 #endif

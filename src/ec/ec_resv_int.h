@@ -18,9 +18,12 @@
 
 #define KVP__EC_RS(st) (1u << (st)) /* a set of states */
 
-#define KVP__EC_RS_ACTIVE (KVP__EC_RS(KVP__EC_R_WRITING) | KVP__EC_RS(KVP__EC_R_READY) | KVP__EC_RS(KVP__EC_R_CANCEL_PENDING) | KVP__EC_RS(KVP__EC_R_EXPIRE_PENDING))
+/* parked: memory kept for a writer that may still write */
 #define KVP__EC_RS_DEFERRED (KVP__EC_RS(KVP__EC_R_CANCEL_PENDING) | KVP__EC_RS(KVP__EC_R_EXPIRE_PENDING))
-#define KVP__EC_RS_WRITER_OWNED (KVP__EC_RS(KVP__EC_R_WRITING) | KVP__EC_RS(KVP__EC_R_CANCEL_PENDING) | KVP__EC_RS(KVP__EC_R_EXPIRE_PENDING))
+/* a remote writer may be writing (wait_for_writers waits these out) */
+#define KVP__EC_RS_WRITER_OWNED (KVP__EC_RS(KVP__EC_R_WRITING) | KVP__EC_RS_DEFERRED)
+/* not a tombstone */
+#define KVP__EC_RS_ACTIVE (KVP__EC_RS_WRITER_OWNED | KVP__EC_RS(KVP__EC_R_READY))
 #define KVP__EC_RS_IN(st, set) ((KVP__EC_RS(st) & (set)) != 0)
 
 typedef struct kvp__ec_peer {
@@ -49,7 +52,8 @@ typedef struct kvp__ec_rrec {
     kvp__list_t olink;         /* on r->owning iff writer-owned with an extent */
     int64_t expires_at;        /* lease or tombstone deadline; INT64_MAX when parked */
     kvp__ec_peer_t *peer;              /* held while active */
-    uint64_t acct_bytes;       /* what this record adds to bytes_reserved and its peer's bytes */
+    uint64_t acct_bytes;       /* what this record adds to bytes_reserved */
+    uint64_t peer_bytes;       /* ... and to its peer's bytes (0 once inactive) */
 } kvp__ec_rrec_t;
 
 struct kvp__ec_resv {

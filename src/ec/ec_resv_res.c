@@ -279,13 +279,15 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
             CHECK(rec->state == KVP__EC_R_WRITING && rec->writer->has_ext && !rec->writer->writer &&
                       KVP__EC_RS_IN(rec->writer->state, KVP__EC_RS_WRITER_OWNED) && kvp__list_linked(&rec->flink),
                   "%s: follower of a writer that cannot be followed", rec->tid);
-            CHECK(kvp__strmap_gets(&r->recs, rec->writer->tid) == rec->writer, "%s: follows a removed writer", rec->tid);
+            CHECK(kvp__strmap_gets(&r->recs, rec->writer->tid) == rec->writer, "%s: follows a removed writer",
+                  rec->tid);
         } else {
             CHECK(!kvp__list_linked(&rec->flink), "%s: on a followers list without a writer", rec->tid);
         }
         CHECK(kvp__list_empty(&rec->followers) || (rec->has_ext && KVP__EC_RS_IN(rec->state, KVP__EC_RS_WRITER_OWNED)),
               "%s: followers of a record that is no writer", rec->tid);
-        CHECK(!KVP__EC_RS_IN(rec->state, KVP__EC_RS_WRITER_OWNED) || rec->writer || rec->has_ext, "%s: writer without an extent", rec->tid);
+        CHECK(!KVP__EC_RS_IN(rec->state, KVP__EC_RS_WRITER_OWNED) || rec->writer || rec->has_ext,
+              "%s: writer without an extent", rec->tid);
         CHECK(rec->state != KVP__EC_R_READY || !rec->writer, "%s: READY follower", rec->tid);
         bool own = rec->has_ext && !rec->writer && KVP__EC_RS_IN(rec->state, KVP__EC_RS_WRITER_OWNED);
         CHECK(kvp__list_linked(&rec->olink) == own, "%s: owning list", rec->tid);
@@ -300,7 +302,8 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
             CHECK(kvp__ec_resset_get(&r->res, rec->hash) == rec->lease, "%s: lease on a dead entry", rec->tid);
             leases_total++;
         }
-        CHECK(active == (rec->rid[0] != '\0') || (!active && rec->hash[0]), "%s: reservation id", rec->tid);
+        CHECK(!active || rec->rid[0], "%s: active without a reservation id", rec->tid);
+        CHECK(rec->hash[0] || (!active && !rec->rid[0]), "%s: a hash-less record", rec->tid);
     }
     CHECK(n_recs == r->n_recs && n_tombs == r->n_tombs, "record counts");
     CHECK(n_tombs <= r->p.max_tombstones, "%" PRIu64 " tombstones over the cap", n_tombs);
@@ -363,7 +366,7 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
             kvp__ec_rrec_t *rec = r->recs.slots[j].key ? r->recs.slots[j].val : NULL;
             if (rec && rec->peer == p) {
                 pn++;
-                pb += rec->acct_bytes;
+                pb += rec->peer_bytes;
             }
         }
         CHECK(pn == p->n && pb == p->bytes && !p->hold && (p->n || p->bytes), "peer %" PRIu64 " accounting", p->id);

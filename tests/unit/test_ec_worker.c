@@ -106,6 +106,8 @@ static const char *field(const char *json, const char *key, char *buf, size_t le
 
 /* ---- a consumer worker ---- */
 
+static kvp_ec_push_path_t g_path = KVP_EC_PUSH_AUTO; /* both sides' push path */
+
 typedef struct {
     kvp_ec_config_t cfg;
     kvp_ec_worker_t *w;
@@ -134,6 +136,7 @@ static void cons_start(cons_t *c, uint16_t base, int tp, int rank, int64_t pool_
     kvp_ec_worker_params_init(&p);
     p.config = &c->cfg;
     p.tp_rank = rank;
+    p.push_path = g_path;
     if (o) {
         p.lease_ms = o->lease_ms;
         p.reap_interval_ms = o->reap_ms;
@@ -443,6 +446,7 @@ typedef struct {
     atomic_int n, ok, cached, written;
     kvp_status_t last;
     bool retryable;
+    unsigned path;
 } pushes_t;
 
 static void on_push(void *ctx, const kvp_ec_push_record_t *r)
@@ -450,6 +454,8 @@ static void on_push(void *ctx, const kvp_ec_push_record_t *r)
     pushes_t *p = ctx;
     p->last = r->status;
     p->retryable = r->retryable;
+    if (r->written)
+        p->path = r->path;
     atomic_fetch_add(&p->written, (int)r->written);
     if (r->status == KVP_OK)
         atomic_fetch_add(&p->ok, 1);
@@ -543,6 +549,7 @@ static void prod_start(prod_t *p, const char *consumer_addr, kvp_pool_t *pool, i
     kvp_ec_worker_params_t wp;
     kvp_ec_worker_params_init(&wp);
     wp.config = &p->cfg;
+    wp.push_path = g_path;
     wp.pool = pool;
     wp.model = "m";
     wp.on_push = on_push;
@@ -651,7 +658,7 @@ static void check_bytes(const cache_t *c, const char *hash)
     kvp__free(want, NBYTES);
 }
 
-TEST(test_ec_s33_push_then_event_then_load_end_to_end)
+static void s33(void)
 {
     cons_t c;
     cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
@@ -672,11 +679,27 @@ TEST(test_ec_s33_push_then_event_then_load_end_to_end)
     kvp_ec_worker_stats_t st;
     stats(c.w, &st);
     ASSERT_EQ(st.takes, 1);
-    ASSERT_EQ(st.push_bytes, NBYTES);
+    kvp_ec_worker_stats_t pst;
+    stats(p.w, &pst);
+    ASSERT_EQ(pst.bytes_pushed, NBYTES); /* the receiver counts TCP writes only: a UCX put is one-sided */
+    ASSERT_EQ(pst.pushes, 1);
+    if (g_path != KVP_EC_PUSH_AUTO)
+        ASSERT_EQ(p.pushes.path, g_path);
+    else
+        printf("  (auto push path: %s)\n", p.pushes.path == KVP_EC_PUSH_UCX ? "ucx" : "tcp");
     cache_free(&cache);
     prod_stop(&p);
     sched_stop(&cs);
     kvp_ec_worker_destroy(c.w);
+}
+
+TEST(test_ec_s33_push_then_event_then_load_end_to_end) { s33(); }
+
+TEST(test_ec_s33_over_tcp_stream)
+{
+    g_path = KVP_EC_PUSH_TCP;
+    s33();
+    g_path = KVP_EC_PUSH_AUTO;
 }
 
 TEST(test_ec_s35_two_shards_both_written_loaded_on_both)
@@ -934,7 +957,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s37_cancel_unknown_leaves_tombstone_reserve_cancelled), T(test_ec_control_ops_peers_event_port_status),
           T(test_ec_control_bad_input_gets_error_replies_server_goes_on),
           T(test_ec_control_peer_cap_healthy_peer_served_leases_expire), T(test_ec_events_bounded_queue_drops_oldest),
-          T(test_ec_s33_push_then_event_then_load_end_to_end), T(test_ec_s35_two_shards_both_written_loaded_on_both),
+          T(test_ec_s33_push_then_event_then_load_end_to_end), T(test_ec_s33_over_tcp_stream), T(test_ec_s35_two_shards_both_written_loaded_on_both),
           T(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_producer_consumer_gone_retryable_failed_save),
