@@ -435,7 +435,13 @@ static kvp_status_t run_worker(kvp__mm_t *mm, const kvp_ec_meta_t *meta, const k
     *has_wm = false;
     if (!mm->p.sched)
         return KVP_OK;
-    if (w->get_finished && w->get_finished(w->ctx, (const char *const *)step_finished, n_step_finished) != KVP_OK)
+    /* Never a NULL list: kvp_ec_worker_get_finished(w, NULL, 0) reached the
+     * producer's "every orphan" path (its destroy's), cancelling the pushes
+     * of live requests whose outputs were not computed yet (reported to the
+     * EC worker's authors; an empty list is what vLLM passes). */
+    static const char *const none[1] = {NULL};
+    const char *const *fin = n_step_finished ? (const char *const *)step_finished : none;
+    if (w->get_finished && w->get_finished(w->ctx, fin, n_step_finished) != KVP_OK)
         mm->st.hook_errors++;
     if (w->build_meta && w->build_meta(w->ctx, wm, has_wm) != KVP_OK) {
         mm->st.hook_errors++;
