@@ -867,7 +867,7 @@ int kvp_cmd_epd_node(int argc, char **argv)
     o.cache_images = 16;
     o.model = "epd-model";
     o.seed = 1;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* --option value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -908,7 +908,6 @@ int kvp_cmd_epd_node(int argc, char **argv)
             fprintf(stderr, "kvpool epd-node: bad value for %s\n", a);
             return 2;
         }
-        i++;
     }
     if (!o.role || (strcmp(o.role, "encoder") && strcmp(o.role, "prefill")) ||
         (!strcmp(o.role, "encoder") && !o.consumer_zmq)) {
