@@ -75,9 +75,10 @@ wait $SRV_PID 2>/dev/null
 SRV_PID=""
 
 # ------------------------------------------------ faults
-# the encoder killed (SIGKILL) after 20 pushes: the requests in flight fail
+# the encoder killed (SIGKILL) after 5 pushes, well inside the first window
+# (8 requests, 1-3 images each): the requests in flight fail
 # with a retryable error after the push wait; the run still ends and reports
-epd kill --requests 60 --size 1MiB --faults kill-encoder@20 --push-wait-s 2 --lease-ms 2000
+epd kill --requests 60 --size 1MiB --faults kill-encoder@5 --push-wait-s 2 --lease-ms 2000
 check replay_epd_kill_encoder_retryable jcheck kill "j['failures'] == 0 and j['retryable_errors'] > 0 and j['bytes_verified'] == j['bytes_taken'] and j['requests'] < 60"
 check replay_epd_kill_encoder_said_so grep -q 'encoder killed' "$T/kill.out"
 # nothing the dead producer reserved may stay reserved past its lease
