@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "ec/ec_json.h"
 
 /* One item's error text (the repr of a dtype is trimmed to fit). */
 #define ITEM_ERR_MAX 192u
@@ -96,84 +97,6 @@ static bool wire_dtype(const char *name, size_t n, kvp_ec_dtype_t *dt_p)
 
 /* ---- Python repr (for "unknown control op: ..." and the dtype error) ---- */
 
-/* One code point of the reader's output (UTF-8, or WTF-8 for lone
- * surrogates) at s[0..n): its length, or 1 for a byte that starts none. */
-static size_t cp_at(const unsigned char *s, size_t n, uint32_t *cp_p)
-{
-    unsigned c = s[0];
-    size_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-    if (len > n)
-        len = 1;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) {
-            *cp_p = c;
-            return 1;
-        }
-        cp = cp << 6 | (s[i] & 0x3f);
-    }
-    *cp_p = cp;
-    return len;
-}
-
-/* Python's str.isprintable() for the code points a peer is likely to send;
- * the rest of Unicode's non-printable classes (unassigned code points,
- * rarer format characters) print literally here. */
-static bool py_printable(uint32_t cp)
-{
-    if (cp < 0x20 || (cp >= 0x7f && cp <= 0xa0) || cp == 0xad || cp == 0x1680)
-        return false;
-    if ((cp >= 0x2000 && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202f) || (cp >= 0x205f && cp <= 0x206f))
-        return false;
-    if (cp == 0x3000 || cp == 0xfeff || (cp >= 0xd800 && cp <= 0xf8ff) || (cp >= 0xfff9 && cp <= 0xfffb))
-        return false;
-    if (cp == 0xfffe || cp == 0xffff || cp >= 0xf0000)
-        return false;
-    return true;
-}
-
-/* repr(s) of a str, stopping (with "...") before REPR_MAX bytes of output. */
-static void repr_str(kvp__jw_t *b, const char *str, size_t n)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
-    char q = (has_sq && !has_dq) ? '"' : '\'';
-    size_t start = b->len;
-    kvp__jw_put(b, &q, 1);
-    for (size_t i = 0; i < n;) {
-        if (b->len - start > REPR_MAX) {
-            kvp__jw_puts(b, "...");
-            break;
-        }
-        uint32_t cp;
-        size_t len = cp_at(s + i, n - i, &cp);
-        char tmp[16];
-        if (cp == '\\' || cp == (uint32_t)(unsigned char)q) {
-            tmp[0] = '\\';
-            tmp[1] = (char)cp;
-            kvp__jw_put(b, tmp, 2);
-        } else if (cp == '\n') {
-            kvp__jw_puts(b, "\\n");
-        } else if (cp == '\r') {
-            kvp__jw_puts(b, "\\r");
-        } else if (cp == '\t') {
-            kvp__jw_puts(b, "\\t");
-        } else if (py_printable(cp)) {
-            kvp__jw_put(b, (const char *)s + i, len);
-        } else {
-            if (cp <= 0xff)
-                snprintf(tmp, sizeof tmp, "\\x%02" PRIx32, cp);
-            else if (cp <= 0xffff)
-                snprintf(tmp, sizeof tmp, "\\u%04" PRIx32, cp);
-            else
-                snprintf(tmp, sizeof tmp, "\\U%08" PRIx32, cp);
-            kvp__jw_puts(b, tmp);
-        }
-        i += len;
-    }
-    kvp__jw_put(b, &q, 1);
-}
-
 /* repr() of a JSON value as Python's json.loads would give it: exact for
  * strings, None, booleans and int64 integers; the reader keeps no value for
  * floats and big integers, and containers are not spelled out. */
@@ -190,7 +113,7 @@ static void repr_value(kvp__jw_t *b, const kvp__json_t *v)
     case KVP__JSON_INT: kvp__jw_int(b, v->u.i); break;
     case KVP__JSON_BIGINT: kvp__jw_puts(b, "<int>"); break;
     case KVP__JSON_FLOAT: kvp__jw_puts(b, "<float>"); break;
-    case KVP__JSON_STRING: repr_str(b, v->u.s, v->n); break;
+    case KVP__JSON_STRING: kvp__ec_py_repr(b, v->u.s, v->n, REPR_MAX); break;
     case KVP__JSON_ARRAY: kvp__jw_puts(b, v->n ? "[...]" : "[]"); break;
     case KVP__JSON_OBJECT: kvp__jw_puts(b, v->n ? "{...}" : "{}"); break;
     }

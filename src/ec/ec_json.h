@@ -20,4 +20,8 @@ kvp_ec_error_t kvp__ec_py_int(const kvp_ec_value_t *v, int64_t *out_p);
  * ensure_ascii=True)): keys sorted by code point, through the common writer. */
 void kvp__ec_value_write(kvp__jw_t *b, const kvp_ec_value_t *v);
 
+/* Python's repr(s) of the str s[0..n) (UTF-8 or WTF-8) appended to b, as
+ * the seed's f"{x!r}" writes it, stopping with "..." past max bytes. */
+void kvp__ec_py_repr(kvp__jw_t *b, const char *s, size_t n, size_t max);
+
 #endif

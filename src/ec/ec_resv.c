@@ -84,6 +84,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "ec/ec_json.h"
 #include "common/assert.h"
 #include "common/log.h"
 #include "common/random.h"
@@ -141,40 +142,6 @@ void kvp__ec_set_err(char *err, size_t errlen, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
-}
-
-/* Python's repr() of a str, as the seed's f"{transfer_id!r}" writes it. */
-static void py_repr(char *out, size_t outlen, const char *s)
-{
-    char q = strchr(s, '\'') && !strchr(s, '"') ? '"' : '\'';
-    size_t o = 0;
-#define PUT(c)                        \
-    do {                              \
-        if (o + 1 < outlen)           \
-            out[o++] = (char)(c);     \
-    } while (0)
-    PUT(q);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '\\' || *c == (unsigned char)q) {
-            PUT('\\');
-            PUT(*c);
-        } else if (*c == '\n' || *c == '\r' || *c == '\t') {
-            PUT('\\');
-            PUT(*c == '\n' ? 'n' : *c == '\r' ? 'r' : 't');
-        } else if (*c < 0x20 || *c == 0x7f) {
-            static const char hex[] = "0123456789abcdef";
-            PUT('\\');
-            PUT('x');
-            PUT(hex[*c >> 4]);
-            PUT(hex[*c & 15]);
-        } else {
-            PUT(*c);
-        }
-    }
-    PUT(q);
-#undef PUT
-    if (outlen)
-        out[o] = '\0';
 }
 
 /* ---- peers ------------------------------------------------------------------ */
@@ -588,9 +555,12 @@ static kvp_status_t do_reserve(kvp__ec_resv_t *r, const kvp__ec_reserve_in_t *in
         rec = NULL;
     }
     if (rec && rec->state == KVP__EC_R_EXPIRE_PENDING) {
-        char q[160];
-        py_repr(q, sizeof q, in->transfer_id);
-        kvp__ec_set_err(err, errlen, "Transfer %s still has an active writer", q);
+        kvp__jw_t q;
+        kvp__jw_init(&q);
+        kvp__ec_py_repr(&q, in->transfer_id, strlen(in->transfer_id), 120);
+        kvp__ec_set_err(err, errlen, "Transfer %.*s still has an active writer", q.oom ? 0 : (int)q.len,
+                        q.p ? q.p : "");
+        kvp__jw_cleanup(&q);
         return KVP_ERR_STATE;
     }
     if (rec) {
