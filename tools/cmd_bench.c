@@ -234,6 +234,7 @@ static void usage(void)
             "                    [--threads T] [--conns C] [--batch B] [--json]\n"
             "       kvpool bench --kv-scheduler [--json]   |   --ec-scheduler [--json]\n"
             "       kvpool bench --ec-push [--runs N] [--sizes BYTES,...] [--json]\n"
+            "       kvpool bench --ec-reserve [--rounds N] [--per-round K] [--size BYTES] [--pool URI] [--json]\n"
             "       kvpool bench --lookup [--count N] [--json]\n"
             "  sizes accept B, KiB, MiB, GiB; --batch: keys per exists/prefix call (default 128)\n"
             "  --conns: pool handles the threads share round-robin (default 1; a kvpool:// URI\n"
@@ -349,6 +350,7 @@ int kvp_cmd_bench(int argc, char **argv)
         if (strcmp(argv[i], "--kv-worker") == 0) return kvp_bench_kv_worker(argc, argv);
         if (strcmp(argv[i], "--ec-scheduler") == 0) return kvp_bench_ec_scheduler(argc, argv);
         if (strcmp(argv[i], "--ec-push") == 0) return kvp_bench_ec_push(argc, argv);
+        if (strcmp(argv[i], "--ec-reserve") == 0) return kvp_bench_ec_reserve(argc, argv);
         (void)argv[i];
     }
     bench_cfg_t cfg;

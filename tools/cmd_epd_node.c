@@ -17,11 +17,15 @@
  *     record (kvp_ec_worker_params.on_push) goes to the replay.
  *
  * In (replay -> node): {"op":"req",...} (kvp__epd_msg_req_write),
- *   {"op":"rtt","addr":A,"bytes":B,"count":N} (encoder), {"op":"stats"},
+ *   {"op":"rtt","addr":A,"bytes":B,"count":N} (encoder: N round trips now),
+ *   {"op":"rtt_start","addr":A,"bytes":B,"interval_us":U} and
+ *   {"op":"rtt_stop"} (encoder: one round trip every U us in between, on a
+ *   thread of its own, while the workload runs), {"op":"stats"},
  *   {"op":"quit"} (finish what is queued, report, exit).
  * Out (node -> replay): {"ev":"ready",...}, {"ev":"end","id","outcome"},
  *   {"ev":"push",...} (encoder), {"ev":"event","tid","t_ns"} (prefill: a
- *   readiness event reached the scheduler's inbox), {"ev":"rtt","p50_us"},
+ *   readiness event reached the scheduler's inbox), {"ev":"rtt","p50_ns"},
+ *   {"ev":"rtt_loaded","p50_ns","count"},
  *   {"ev":"stats",...}, {"ev":"error","msg"} (a line it could not use).
  * Times are CLOCK_MONOTONIC ns: both nodes run on the replay's host.
  *
@@ -34,6 +38,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +100,15 @@ struct node {
     bool echo_started;
     char echo_addr[64];
     volatile int echo_quit;
+    /* the round-trip sampler during the workload (encoder) */
+    pthread_t samp_th;
+    bool samp_started;
+    atomic_bool samp_quit;
+    char samp_addr[128];
+    size_t samp_bytes;
+    uint64_t samp_interval_us;
+    uint64_t *samp;
+    size_t n_samp, cap_samp;
 };
 
 /* ---------------------------------------------------------------- output */
@@ -473,11 +487,52 @@ out:
     return p50;
 }
 
+/* The sampler: one bare round trip every interval until told to stop, so
+ * the baseline sees the machine the reserves see (the workload's load). */
+#define SAMP_MAX 1000000u
+static void *sampler_main(void *arg)
+{
+    node_t *n = arg;
+    void *ctx = zmq_ctx_new();
+    void *req = ctx ? zmq_socket(ctx, ZMQ_REQ) : NULL;
+    int linger = 0, tmo = 2000;
+    char *buf = kvp__calloc(1, n->samp_bytes), *rb = kvp__malloc(n->samp_bytes + 16);
+    if (!req || !buf || !rb || zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger) ||
+        zmq_setsockopt(req, ZMQ_RCVTIMEO, &tmo, sizeof tmo) || zmq_connect(req, n->samp_addr))
+        goto out;
+    memset(buf, 'x', n->samp_bytes);
+    while (!atomic_load(&n->samp_quit)) {
+        uint64_t t0 = kvp__now_ns();
+        if (zmq_send(req, buf, n->samp_bytes, 0) < 0 || zmq_recv(req, rb, n->samp_bytes + 16, 0) < 0)
+            break;
+        uint64_t dt = kvp__now_ns() - t0;
+        if (n->n_samp == n->cap_samp && n->cap_samp < SAMP_MAX) {
+            size_t nc = n->cap_samp ? 2 * n->cap_samp : 4096;
+            uint64_t *ns = kvp__realloc(n->samp, n->cap_samp * sizeof *ns, nc * sizeof *ns);
+            if (ns) {
+                n->samp = ns;
+                n->cap_samp = nc;
+            }
+        }
+        if (n->n_samp < n->cap_samp)
+            n->samp[n->n_samp++] = dt;
+        usleep((useconds_t)n->samp_interval_us);
+    }
+out:
+    if (req)
+        zmq_close(req);
+    if (ctx)
+        zmq_ctx_term(ctx);
+    kvp__free(buf, n->samp_bytes);
+    kvp__free(rb, n->samp_bytes + 16);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- set-up */
 
-/* A base port with base..base+n-1 free on 127.0.0.1 just now (a later bind
- * may still lose a race: the caller retries). */
-static int free_ports(size_t nports)
+/* commands.h: a base port with base..base+n-1 free on 127.0.0.1 just now
+ * (a later bind may still lose a race: the caller retries). */
+int kvp_tool_free_ports(size_t nports)
 {
     for (int attempt = 0; attempt < 32; attempt++) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -518,7 +573,7 @@ static kvp_status_t make_workers(node_t *n, const opts_t *o)
     for (int attempt = 0; attempt < 8; attempt++) {
         int base = 0;
         if (n->prefill) {
-            base = free_ports(n->tp);
+            base = kvp_tool_free_ports(n->tp);
             if (base < 0)
                 return KVP_ERR_IO;
             n->cfg.ec_port = base;
@@ -650,6 +705,11 @@ static void node_stop(node_t *n)
         n->echo_quit = 1;
         pthread_join(n->echo_th, NULL);
     }
+    if (n->samp_started) {
+        atomic_store(&n->samp_quit, true);
+        pthread_join(n->samp_th, NULL);
+    }
+    kvp__free(n->samp, n->cap_samp * sizeof *n->samp);
     if (n->rep)
         zmq_close(n->rep);
     if (n->zctx)
@@ -761,6 +821,44 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
         kvp__jw_puts(&b, "{");
         jstr(&b, "ev", "rtt");
         jint(&b, "p50_ns", (int64_t)p50);
+        kvp__jw_puts(&b, "}\n");
+        emit(n, &b);
+        kvp__jw_cleanup(&b);
+    } else if (!strcmp(op, "rtt_start")) {
+        int64_t bytes, iv;
+        if (n->samp_started || !kvp__epd_json_str(root, "addr", n->samp_addr, sizeof n->samp_addr) ||
+            !kvp__epd_json_int(root, "bytes", &bytes) || !kvp__epd_json_int(root, "interval_us", &iv) || bytes < 1 ||
+            bytes > 60000 || iv < 0 || iv > 1000000) {
+            emit_error(n, "rtt_start: addr, bytes (1..60000), interval_us (0..1000000), once");
+            return true;
+        }
+        n->samp_bytes = (size_t)bytes;
+        n->samp_interval_us = (uint64_t)iv;
+        atomic_store(&n->samp_quit, false);
+        if (pthread_create(&n->samp_th, NULL, sampler_main, n) != 0) {
+            emit_error(n, "rtt_start: no thread");
+            return true;
+        }
+        n->samp_started = true;
+    } else if (!strcmp(op, "rtt_stop")) {
+        uint64_t p50 = 0;
+        size_t cnt = 0;
+        if (n->samp_started) {
+            atomic_store(&n->samp_quit, true);
+            pthread_join(n->samp_th, NULL);
+            n->samp_started = false;
+            cnt = n->n_samp;
+            if (cnt) {
+                qsort(n->samp, cnt, sizeof *n->samp, cmp_u64);
+                p50 = n->samp[cnt / 2];
+            }
+        }
+        kvp__jw_t b;
+        kvp__jw_init(&b);
+        kvp__jw_puts(&b, "{");
+        jstr(&b, "ev", "rtt_loaded");
+        jint(&b, "p50_ns", (int64_t)p50);
+        jint(&b, "count", (int64_t)cnt);
         kvp__jw_puts(&b, "}\n");
         emit(n, &b);
         kvp__jw_cleanup(&b);

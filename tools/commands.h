@@ -6,6 +6,8 @@
 #ifndef KVP_TOOLS_COMMANDS_H
 #define KVP_TOOLS_COMMANDS_H
 
+#include <stddef.h>
+
 int kvp_cmd_bench(int argc, char **argv);
 int kvp_cmd_server(int argc, char **argv);
 int kvp_cmd_ec_sched_replay(int argc, char **argv); int kvp_bench_ec_scheduler(int argc, char **argv);
@@ -21,6 +23,9 @@ int kvp_bench_kv_worker(int argc, char **argv);
 int kvp_cmd_replay(int argc, char **argv);
 int kvp_cmd_trace_gen(int argc, char **argv);
 int kvp_cmd_epd_node(int argc, char **argv); /* hidden: started by replay --epd */
+int kvp_bench_ec_reserve(int argc, char **argv);
+/* A base port with base..base+n-1 free on 127.0.0.1 just now (cmd_epd_node.c). */
+int kvp_tool_free_ports(size_t nports);
 
 
 #endif

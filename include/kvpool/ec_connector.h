@@ -660,6 +660,11 @@ typedef struct kvp_ec_worker_stats {
     /* consumer: reservations ended because their writer never completed nor
      * abandoned within one more lease (a dead producer) */
     uint64_t writers_abandoned;
+    /* consumer, cross-encoder cache: lookups that missed, were skipped (the
+     * pool backing off after a failure, or over the cap), failed; reserves
+     * waiting for a lookup now; bytes copied in from the pool */
+    uint64_t cross_cache_misses, cross_cache_skipped, cross_cache_errors, cross_cache_parked;
+    uint64_t cross_cache_bytes;
 } kvp_ec_worker_stats_t;
 
 KVP_API void kvp_ec_worker_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st);

@@ -31,49 +31,6 @@ static kvp_status_t check_write(void *ctx, uint64_t offset, uint64_t len, const 
     return kvp__ec_resv_check_write(resv, offset, len, rid && rid[0] ? rid : NULL);
 }
 
-/* The cross-encoder cache on the server thread: a reserve of a hash not
- * resident here looks in the pool; a hit becomes a resident entry, so the
- * reserve answers cached. */
-static kvp_status_t fetch_from_pool(void *ctx, const char *mm_hash, const kvp__ec_tensor_t *t)
-{
-    kvp_ec_worker_t *w = ctx;
-    char key[KVP_KEY_MAX + 1];
-    size_t klen;
-    if (t->nbytes == 0 || t->nbytes > w->slab_size)
-        return KVP_ERR_INVALID_ARG;
-    if (kvp__ec_store_key(w->model, mm_hash, key, sizeof key, &klen) != KVP_OK)
-        return KVP_ERR_KEY_LENGTH;
-    if (w->bounce_cap < t->nbytes) {
-        uint8_t *nb = kvp__malloc(t->nbytes);
-        if (!nb)
-            return KVP_ERR_NO_MEMORY;
-        kvp__free(w->bounce, w->bounce_cap);
-        w->bounce = nb;
-        w->bounce_cap = t->nbytes;
-    }
-    kvp_key_t k = {key, (uint32_t)klen};
-    /* A miss (most reserves) costs one small exists round trip, not a get
-     * with a destination of the tensor's size. */
-    uint8_t present = 0;
-    kvp_status_t est = kvp_pool_exists(w->pool, &k, 1, &present);
-    if (est != KVP_OK || !present)
-        return est != KVP_OK ? est : KVP_ERR_NOT_FOUND;
-    kvp_iov_t iov = {w->bounce, t->nbytes};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t res;
-    kvp_status_t st = kvp_pool_get(w->pool, &k, &sgl, 1, &res);
-    if (st == KVP_OK)
-        st = res.status;
-    if (st != KVP_OK)
-        return st; /* a miss, or the pool is down: the push goes ahead */
-    if (res.size != t->nbytes) {
-        kvp_warn_rl("ec consumer: pool value of %s has %" PRIu64 " bytes, the reserve %" PRIu64, mm_hash, res.size,
-                    t->nbytes);
-        return KVP_ERR_INVALID_ARG;
-    }
-    return kvp__ec_resv_put_resident(w->resv, mm_hash, t, w->bounce);
-}
-
 kvp_status_t kvp__ec_consumer_start(kvp_ec_worker_t *w, const kvp_ec_worker_params_t *p)
 {
     kvp_status_t st;
@@ -151,9 +108,13 @@ kvp_status_t kvp__ec_consumer_start(kvp_ec_worker_t *w, const kvp_ec_worker_para
         .reap_interval_ms = p->reap_interval_ms > 0 ? p->reap_interval_ms : 1000,
         .max_pending_events = p->max_pending_events > 0 ? (size_t)p->max_pending_events : 4096,
         .start_timeout_ms = p->start_timeout_ms > 0 ? p->start_timeout_ms : 5000,
-        .fetch = w->pool ? fetch_from_pool : NULL,
-        .fetch_ctx = w,
     };
+    if (w->pool) {
+        kvp__ec_xcache_params_t cp = {.pool = w->pool, .model = w->model, .resv = w->resv};
+        if ((st = kvp__ec_xcache_create(&cp, &w->xcache)) != KVP_OK)
+            return st;
+        sp.xcache = w->xcache;
+    }
     return kvp__ec_ctl_server_create(&sp, &w->srv);
 bad_addr:
     kvp_error("EC worker: cannot serve control address %s with tp_size %" PRId64, w->control_addr, tp);
@@ -167,8 +128,10 @@ void kvp__ec_consumer_stop(kvp_ec_worker_t *w)
         kvp__ec_resv_begin_shutdown(w->resv);
         drained = kvp__ec_resv_wait_for_writers(w->resv, w->cfg.control_timeout_ms);
     }
-    kvp__ec_ctl_server_destroy(w->srv);
+    kvp__ec_ctl_server_destroy(w->srv); /* waits for its lookups */
     w->srv = NULL;
+    kvp__ec_xcache_destroy(w->xcache);
+    w->xcache = NULL;
     /* The receiver stops (no write lands after this) and frees the slab;
      * the table, which never touches the slab's bytes at destroy, goes
      * after it. */
@@ -179,9 +142,6 @@ void kvp__ec_consumer_stop(kvp_ec_worker_t *w)
     w->resv = NULL;
     if (!drained)
         kvp_warn("ec consumer: writers still owned reservations at shutdown; their connections were closed");
-    kvp__free(w->bounce, w->bounce_cap);
-    w->bounce = NULL;
-    w->bounce_cap = 0;
 }
 
 typedef struct {
@@ -289,6 +249,15 @@ void kvp__ec_consumer_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *o)
         o->events_dropped = s.events_dropped;
         o->control_requests = s.requests;
         o->control_errors = s.error_replies;
+        o->cross_cache_misses = s.cross_cache_misses;
+        o->cross_cache_parked = s.parked;
+    }
+    if (w->xcache) {
+        kvp__ec_xcache_stats_t x;
+        kvp__ec_xcache_stats(w->xcache, &x);
+        o->cross_cache_skipped = x.skipped;
+        o->cross_cache_errors = x.errors;
+        o->cross_cache_bytes = x.bytes_fetched;
     }
     if (w->rx) {
         kvp__ec_push_rx_stats_t x;

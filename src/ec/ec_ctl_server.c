@@ -11,8 +11,19 @@
  * One pass of the loop: send what the event queue holds (without
  * blocking: PUSH has no peer until the scheduler's inbox connects, and the
  * queue keeps what could not go), expire leases when the reap interval has
- * passed, then serve every request that has arrived (at most 64 before the
- * queue and the reaper get their turn again).
+ * passed, serve the requests whose cross-encoder cache lookups have all
+ * reported, then serve every request that has arrived (at most 64 before
+ * the queue and the reaper get their turn again).
+ *
+ * Parking.  A reserve (or reserve_batch) naming hashes the resident set
+ * lacks starts a lookup per hash (one per hash however many requests wait
+ * on it: `lookups` maps the hash to its waiters) and is parked: its
+ * identity frame and its bytes are kept and no reply goes yet.  A lookup
+ * reports from another thread onto `done` and wakes the loop through an
+ * eventfd; when a parked request's last lookup has reported it is decoded
+ * and served again, with lookups off, so a hit answers cached.  A REQ
+ * peer has one request in flight per socket, so parking never reorders one
+ * socket's exchanges.  destroy waits until every lookup has reported.
  */
 #include "ec/ec_ctl_server.h"
 
@@ -23,12 +34,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/json.h"
+#include "common/list.h"
 #include "common/log.h"
 #include "common/strmap.h"
 #include "ec/ec_ctl_wire.h"
@@ -42,6 +56,24 @@ typedef struct {
     size_t n;
 } event_t;
 
+typedef struct parked {
+    kvp__list_t link; /* on s->parked */
+    zmq_msg_t id;     /* the peer's identity frame */
+    char *req;
+    size_t len;
+    uint64_t peer;
+    size_t waiting; /* lookups not yet reported */
+} parked_t;
+
+typedef struct lookup {
+    struct lookup *next_done; /* on s->done_head once reported */
+    kvp__ec_ctl_server_t *s;
+    char *hash; /* owned; the key in s->lookups */
+    parked_t **w;
+    size_t n_w, cap_w;
+    bool hit;
+} lookup_t;
+
 struct kvp__ec_ctl_server {
     char *host;
     uint16_t port;
@@ -52,8 +84,13 @@ struct kvp__ec_ctl_server {
     const uint8_t *slab;
     int64_t reap_ms;
     size_t max_events;
-    kvp_status_t (*fetch)(void *ctx, const char *mm_hash, const kvp__ec_tensor_t *t);
-    void *fetch_ctx;
+    kvp__ec_xcache_t *xcache;
+    size_t max_parked;
+    int efd; /* eventfd: a lookup reported */
+    pthread_mutex_t lk_mu; /* done_head, lk_inflight */
+    pthread_cond_t lk_cv;  /* lk_inflight dropped */
+    lookup_t *done_head;
+    size_t lk_inflight;    /* lookups started and not yet reported */
 
     char addr[300];
     uint16_t event_port;
@@ -73,10 +110,16 @@ struct kvp__ec_ctl_server {
     kvp__jw_t out;
     event_t *evq; /* ring of max_events */
     size_t ev_head, ev_len;
+    kvp__strmap_t lookups; /* mm_hash -> lookup_t in flight */
+    kvp__list_t parked;    /* parked_t, oldest first */
+    size_t n_parked;
+    lookup_t *want[KVP__EC_CTL_MAX_ITEMS]; /* the lookups one request waits on */
+    size_t n_want;
 
     atomic_uint_fast64_t n_requests, n_errors, n_bad_env, n_oversized;
     atomic_uint_fast64_t n_ev_queued, n_ev_sent, n_ev_dropped, n_ev_pending;
     atomic_uint_fast64_t n_reaps, n_cc_hits, n_cc_misses;
+    atomic_uint_fast64_t n_parked_now, n_parked_total, n_parked_over;
 };
 
 static int64_t now_ms(void) { return (int64_t)(kvp__now_ns() / 1000000u); }
@@ -140,19 +183,94 @@ static void flush_events(kvp__ec_ctl_server_t *s)
 
 /* ---- the ops ---- */
 
-/* One reserve: the seed expires first, then reserves.  With the
- * cross-encoder cache a hash not resident here is first looked up in the
- * pool, so a hit answers cached:true, write:false. */
+/* ---- cross-encoder cache lookups ---- */
+
+/* done (ec_xcache.h), on a pool or xcache thread. */
+static void lookup_done(void *token, bool hit)
+{
+    lookup_t *l = token;
+    kvp__ec_ctl_server_t *s = l->s;
+    pthread_mutex_lock(&s->lk_mu);
+    l->hit = hit;
+    l->next_done = s->done_head;
+    s->done_head = l;
+    s->lk_inflight--;
+    pthread_cond_broadcast(&s->lk_cv);
+    pthread_mutex_unlock(&s->lk_mu);
+    uint64_t one = 1;
+    if (write(s->efd, &one, sizeof one) < 0) {
+        /* the counter is saturated, so the loop is awake already */
+    }
+}
+
+static void lookup_free(lookup_t *l)
+{
+    kvp__strfree(l->hash);
+    kvp__free(l->w, l->cap_w * sizeof *l->w);
+    kvp__free(l, sizeof *l);
+}
+
+static bool wanted(const kvp__ec_ctl_server_t *s, const lookup_t *l)
+{
+    for (size_t i = 0; i < s->n_want; i++)
+        if (s->want[i] == l)
+            return true;
+    return false;
+}
+
+/* The lookups a reserve must wait for, into s->want: one per hash that is
+ * not resident, joined when in flight already, else started.  A lookup
+ * that ends at once (a miss, a skip, a failure) is not waited for. */
+static void want_lookups(kvp__ec_ctl_server_t *s, const kvp__ec_ctl_req_t *r)
+{
+    s->n_want = 0;
+    if (s->n_parked >= s->max_parked) {
+        atomic_fetch_add(&s->n_parked_over, 1);
+        kvp_warn_rl("ec control %u: %zu requests wait for the cross-encoder cache; this one goes without",
+                    (unsigned)s->port, s->n_parked);
+        return;
+    }
+    for (size_t i = 0; i < r->n_reserves; i++) {
+        const kvp__ec_wire_reserve_t *w = &r->reserves[i];
+        if (w->error || kvp__ec_resv_has_resident(s->resv, w->mm_hash))
+            continue;
+        lookup_t *l = kvp__strmap_gets(&s->lookups, w->mm_hash);
+        if (l) {
+            if (!wanted(s, l))
+                s->want[s->n_want++] = l;
+            continue;
+        }
+        l = kvp__calloc(1, sizeof *l);
+        if (l)
+            l->hash = kvp__strdup(w->mm_hash);
+        if (!l || !l->hash || kvp__strmap_put(&s->lookups, l->hash, strlen(l->hash), l) != KVP_OK) {
+            if (l)
+                lookup_free(l);
+            continue;
+        }
+        l->s = s;
+        pthread_mutex_lock(&s->lk_mu);
+        s->lk_inflight++;
+        pthread_mutex_unlock(&s->lk_mu);
+        kvp_status_t st = kvp__ec_xcache_lookup(s->xcache, w->mm_hash, &w->t, lookup_done, l);
+        if (st == KVP_INPROGRESS) {
+            s->want[s->n_want++] = l;
+            continue;
+        }
+        pthread_mutex_lock(&s->lk_mu);
+        s->lk_inflight--;
+        pthread_mutex_unlock(&s->lk_mu);
+        kvp__strmap_del(&s->lookups, l->hash, strlen(l->hash));
+        lookup_free(l);
+        atomic_fetch_add(st == KVP_OK ? &s->n_cc_hits : &s->n_cc_misses, 1);
+    }
+}
+
+/* One reserve: the seed expires first, then reserves. */
 static kvp_status_t reserve_one(kvp__ec_ctl_server_t *s, const kvp__ec_wire_reserve_t *w, uint64_t peer,
                                 kvp__ec_reserve_out_t *o, char *err, size_t errlen)
 {
     kvp__ec_resv_expire(s->resv);
-    if (s->fetch && !kvp__ec_resv_has_resident(s->resv, w->mm_hash)) {
-        if (s->fetch(s->fetch_ctx, w->mm_hash, &w->t) == KVP_OK)
-            atomic_fetch_add(&s->n_cc_hits, 1);
-        else
-            atomic_fetch_add(&s->n_cc_misses, 1);
-    }
     kvp__ec_reserve_in_t in = {.transfer_id = w->transfer_id, .mm_hash = w->mm_hash, .t = w->t, .peer = peer};
     return kvp__ec_resv_reserve(s->resv, &in, o, err, errlen);
 }
@@ -245,17 +363,22 @@ static void op_complete(kvp__ec_ctl_server_t *s, const kvp__ec_ctl_req_t *r, kvp
     kvp__ec_ctl_put_ok_end(b);
 }
 
-static void handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uint64_t peer, kvp__jw_t *b)
+/* Serves one request into b, or (lookups on, a reserve that must wait for
+ * the cross-encoder cache) starts its lookups, leaves b empty and returns
+ * true: the caller parks the request. */
+static bool handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uint64_t peer, kvp__jw_t *b,
+                   bool lookups)
 {
     char err[256];
     kvp__ec_ctl_req_t r;
-    atomic_fetch_add(&s->n_requests, 1);
+    if (lookups)
+        atomic_fetch_add(&s->n_requests, 1);
     if (len > KVP__EC_CTL_MAX_FRAME) {
         atomic_fetch_add(&s->n_oversized, 1);
         kvp_warn_rl("ec control %u: a %zu-byte request (limit %u)", (unsigned)s->port, len,
                     KVP__EC_CTL_MAX_FRAME);
         kvp__ec_ctl_put_error(b, "control request too large");
-        return;
+        return false;
     }
     err[0] = 0;
     kvp_status_t st = kvp__ec_ctl_decode(&s->dec, payload, len, &r, err, sizeof err);
@@ -264,7 +387,7 @@ static void handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uin
         kvp__ec_ctl_put_error(b, st == KVP_ERR_NO_MEMORY ? "out of memory"
                                  : err[0]                 ? err
                                                           : "malformed control request");
-        return;
+        return false;
     }
     switch (r.op) {
     case KVP__EC_OP_PEERS:
@@ -287,6 +410,11 @@ static void handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uin
     }
     case KVP__EC_OP_RESERVE:
     case KVP__EC_OP_RESERVE_BATCH:
+        if (lookups && s->xcache) {
+            want_lookups(s, &r);
+            if (s->n_want)
+                return true;
+        }
         op_reserve(s, &r, peer, b);
         break;
     case KVP__EC_OP_COMPLETE:
@@ -305,6 +433,108 @@ static void handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uin
         kvp__ec_ctl_put_error(b, "unknown control op");
         break;
     }
+    return false;
+}
+
+/* The reply in b to the peer with identity id (REP's envelope). */
+static void send_reply(kvp__ec_ctl_server_t *s, zmq_msg_t *id, kvp__jw_t *b)
+{
+    if (b->oom) {
+        b->len = 0;
+        b->oom = false;
+        kvp__ec_ctl_put_error(b, "out of memory");
+    }
+    int err_reply = b->len > 9 && memcmp(b->p, "{\"ok\":false", 11) == 0;
+    if (err_reply)
+        atomic_fetch_add(&s->n_errors, 1);
+    /* A ROUTER never blocks a send: an unroutable or full peer drops it. */
+    zmq_send(s->router, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(s->router, b->p ? b->p : "", b->len, ZMQ_DONTWAIT);
+}
+
+static void parked_free(kvp__ec_ctl_server_t *s, parked_t *p)
+{
+    kvp__list_del(&p->link);
+    s->n_parked--;
+    atomic_store(&s->n_parked_now, s->n_parked);
+    zmq_msg_close(&p->id);
+    kvp__free(p->req, p->len ? p->len : 1);
+    kvp__free(p, sizeof *p);
+}
+
+/* Keeps the request (its identity moved out of id) until the lookups in
+ * s->want have reported.  false: out of memory (the caller serves it now). */
+static bool park(kvp__ec_ctl_server_t *s, zmq_msg_t *id, const void *req, size_t len, uint64_t peer)
+{
+    parked_t *p = kvp__calloc(1, sizeof *p);
+    char *copy = kvp__malloc(len ? len : 1);
+    bool ok = p && copy;
+    for (size_t i = 0; ok && i < s->n_want; i++) {
+        lookup_t *l = s->want[i];
+        if (l->n_w == l->cap_w) {
+            size_t nc = l->cap_w ? 2 * l->cap_w : 4;
+            parked_t **nw = kvp__realloc(l->w, l->cap_w * sizeof *nw, nc * sizeof *nw);
+            if (!nw) {
+                ok = false;
+                break;
+            }
+            l->w = nw;
+            l->cap_w = nc;
+        }
+    }
+    if (!ok) {
+        kvp__free(p, p ? sizeof *p : 0);
+        kvp__free(copy, copy ? (len ? len : 1) : 0);
+        return false;
+    }
+    memcpy(copy, req, len);
+    p->req = copy;
+    p->len = len;
+    p->peer = peer;
+    p->waiting = s->n_want;
+    zmq_msg_init(&p->id);
+    zmq_msg_move(&p->id, id);
+    for (size_t i = 0; i < s->n_want; i++)
+        s->want[i]->w[s->want[i]->n_w++] = p;
+    kvp__list_add_tail(&s->parked, &p->link);
+    s->n_parked++;
+    atomic_store(&s->n_parked_now, s->n_parked);
+    atomic_fetch_add(&s->n_parked_total, 1);
+    return true;
+}
+
+/* Every lookup that has reported: its waiters lose one; those with none
+ * left are served (lookups off). */
+static void serve_reported(kvp__ec_ctl_server_t *s)
+{
+    uint64_t cnt;
+    if (read(s->efd, &cnt, sizeof cnt) < 0) {
+        /* EAGAIN: nothing new (the list is read anyway) */
+    }
+    pthread_mutex_lock(&s->lk_mu);
+    lookup_t *l = s->done_head;
+    s->done_head = NULL;
+    pthread_mutex_unlock(&s->lk_mu);
+    while (l) {
+        lookup_t *next = l->next_done;
+        kvp__strmap_del(&s->lookups, l->hash, strlen(l->hash));
+        atomic_fetch_add(l->hit ? &s->n_cc_hits : &s->n_cc_misses, 1);
+        for (size_t i = 0; i < l->n_w; i++) {
+            parked_t *p = l->w[i];
+            if (--p->waiting)
+                continue;
+            kvp__jw_t *b = &s->out;
+            b->len = 0;
+            b->oom = false;
+            handle(s, p->req, p->len, p->peer, b, false);
+            send_reply(s, &p->id, b);
+            parked_free(s, p);
+        }
+        lookup_free(l);
+        l = next;
+    }
+    drain_followers(s);
 }
 
 /* Receives one message from the ROUTER (the caller saw POLLIN or loops
@@ -347,19 +577,13 @@ static int serve_one(kvp__ec_ctl_server_t *s)
     kvp__jw_t *b = &s->out;
     b->len = 0;
     b->oom = false;
-    handle(s, zmq_msg_data(&parts[2]), zmq_msg_size(&parts[2]), peer, b);
-    if (b->oom) {
-        b->len = 0;
-        b->oom = false;
-        kvp__ec_ctl_put_error(b, "out of memory");
+    const void *req = zmq_msg_data(&parts[2]);
+    size_t len = zmq_msg_size(&parts[2]);
+    if (!handle(s, req, len, peer, b, true) || !park(s, &parts[0], req, len, peer)) {
+        if (!b->len && !b->oom) /* parking failed: serve it without waiting */
+            handle(s, req, len, peer, b, false);
+        send_reply(s, &parts[0], b);
     }
-    int err_reply = b->len > 9 && memcmp(b->p, "{\"ok\":false", 11) == 0;
-    if (err_reply)
-        atomic_fetch_add(&s->n_errors, 1);
-    /* A ROUTER never blocks a send: an unroutable or full peer drops it. */
-    zmq_send(s->router, zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0]), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(s->router, b->p ? b->p : "", b->len, ZMQ_DONTWAIT);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 1;
@@ -437,12 +661,18 @@ static void *server_main(void *arg)
             wait = 0;
         /* With events waiting and no peer to take them, poll for POLLOUT too
          * so they go as soon as the inbox connects. */
-        zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->push, 0, ZMQ_POLLOUT, 0}};
-        int rc = zmq_poll(items, s->ev_len ? 2 : 1, (long)wait);
+        zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0},
+                                   {NULL, s->efd, ZMQ_POLLIN, 0},
+                                   {s->push, 0, ZMQ_POLLOUT, 0}};
+        int rc = zmq_poll(items, s->ev_len ? 3 : 2, (long)wait);
         if (rc < 0) {
             if (zmq_errno() == ETERM)
                 break;
             continue;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            serve_reported(s);
+            flush_events(s);
         }
         if (items[0].revents & ZMQ_POLLIN) {
             for (int i = 0; i < BATCH_PER_PASS; i++) {
@@ -490,8 +720,13 @@ kvp_status_t kvp__ec_ctl_server_create(const kvp__ec_ctl_server_params_t *p, kvp
     s->slab = p->slab;
     s->reap_ms = p->reap_interval_ms;
     s->max_events = p->max_pending_events;
-    s->fetch = p->fetch;
-    s->fetch_ctx = p->fetch_ctx;
+    s->xcache = p->xcache;
+    s->max_parked = p->max_parked ? p->max_parked : 4096;
+    kvp__strmap_init(&s->lookups);
+    kvp__list_init(&s->parked);
+    pthread_mutex_init(&s->lk_mu, NULL);
+    pthread_cond_init(&s->lk_cv, NULL);
+    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     snprintf(s->addr, sizeof s->addr, strchr(p->host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u", p->host,
              (unsigned)p->port);
     kvp__ec_ctl_dec_init(&s->dec);
@@ -505,7 +740,7 @@ kvp_status_t kvp__ec_ctl_server_create(const kvp__ec_ctl_server_params_t *p, kvp
     atomic_init(&s->stop, false);
 
     kvp_status_t st = KVP_ERR_IO;
-    s->zctx = zmq_ctx_new();
+    s->zctx = s->efd >= 0 ? zmq_ctx_new() : NULL;
     if (!s->zctx)
         goto fail;
     if (pthread_create(&s->thread, NULL, server_main, s) != 0)
@@ -546,6 +781,23 @@ void kvp__ec_ctl_server_destroy(kvp__ec_ctl_server_t *s)
     atomic_store(&s->stop, true);
     if (s->thread_started)
         pthread_join(s->thread, NULL);
+    /* Every lookup reports (each has a deadline); then nothing refers to s. */
+    pthread_mutex_lock(&s->lk_mu);
+    while (s->lk_inflight)
+        pthread_cond_wait(&s->lk_cv, &s->lk_mu);
+    pthread_mutex_unlock(&s->lk_mu);
+    /* The map holds every lookup not yet served (those on the done list
+     * included). */
+    for (size_t i = 0; i < s->lookups.cap; i++)
+        if (s->lookups.slots[i].key)
+            lookup_free(s->lookups.slots[i].val);
+    kvp__strmap_cleanup(&s->lookups);
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(p, tmp, &s->parked, parked_t, link)
+        parked_free(s, p);
+    if (s->efd >= 0)
+        close(s->efd);
+    pthread_mutex_destroy(&s->lk_mu);
+    pthread_cond_destroy(&s->lk_cv);
     if (s->router)
         zmq_close(s->router);
     if (s->push)
@@ -585,4 +837,7 @@ void kvp__ec_ctl_server_stats(kvp__ec_ctl_server_t *s, kvp__ec_ctl_server_stats_
     st->reaps = atomic_load(&s->n_reaps);
     st->cross_cache_hits = atomic_load(&s->n_cc_hits);
     st->cross_cache_misses = atomic_load(&s->n_cc_misses);
+    st->parked = atomic_load(&s->n_parked_now);
+    st->parked_total = atomic_load(&s->n_parked_total);
+    st->parked_over_cap = atomic_load(&s->n_parked_over);
 }

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "ec/ec_resv.h"
+#include "ec/ec_xcache.h"
 
 typedef struct kvp__ec_ctl_server kvp__ec_ctl_server_t;
 
@@ -39,12 +40,13 @@ typedef struct kvp__ec_ctl_server_params {
     int64_t reap_interval_ms;  /* > 0 */
     size_t max_pending_events; /* > 0 */
     int64_t start_timeout_ms;  /* > 0 */
-    /* Cross-encoder cache: called for a reserve whose mm_hash the resident
-     * set lacks; returns KVP_OK when it has put the tensor into the resident
-     * set (kvp__ec_resv_put_resident), anything else = not cached.  NULL:
-     * no cross-encoder cache.  Runs on the server thread. */
-    kvp_status_t (*fetch)(void *ctx, const char *mm_hash, const kvp__ec_tensor_t *t);
-    void *fetch_ctx;
+    /* Cross-encoder cache (NULL: none): a reserve naming an mm_hash the
+     * resident set lacks waits, off the server's thread, for the lookups of
+     * its hashes (ec_xcache.h) and is then served; requests behind it are
+     * served meanwhile.  At most max_parked requests wait at once (0 =
+     * 4096); beyond that a reserve is served without a lookup. */
+    kvp__ec_xcache_t *xcache;
+    size_t max_parked;
 } kvp__ec_ctl_server_params_t;
 
 /* KVP_OK (bound and serving), KVP_ERR_INVALID_ARG, KVP_ERR_IO (bind failed
@@ -60,6 +62,8 @@ typedef struct kvp__ec_ctl_server_stats {
     uint64_t requests, error_replies, bad_envelopes, oversized;
     uint64_t events_queued, events_sent, events_dropped, events_pending;
     uint64_t reaps, cross_cache_hits, cross_cache_misses;
+    uint64_t parked;             /* requests waiting for cross-encoder cache lookups now */
+    uint64_t parked_total, parked_over_cap;
 } kvp__ec_ctl_server_stats_t;
 void kvp__ec_ctl_server_stats(kvp__ec_ctl_server_t *s, kvp__ec_ctl_server_stats_t *st);
 

@@ -26,9 +26,13 @@
  * cancels the reservations of records whose request finished before their
  * source came (orphans).
  *
- * Jobs run on a small pool of threads; the lock (mu) guards the records,
- * the sources, the queue and the counters and is never held across a
- * network call.  Lock order: mu only.
+ * Jobs run on two small pools of threads, as the seed's control executor
+ * and transfer threads: control jobs (reserve, cancel: one round trip per
+ * shard) on their own, so a reserve is sent the moment it is asked for and
+ * never waits behind a push or a pool put of megabytes, and data jobs
+ * (push, pool put) on the others.  The lock (mu) guards the records, the
+ * sources, the queues and the counters and is never held across a network
+ * call.  Lock order: mu only.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -84,10 +88,23 @@ typedef struct source {
     char *hash;
     uint8_t *data;
     size_t nbytes;
+    bool pool_put; /* a cross-encoder cache candidate not yet put into the pool */
     uint32_t refs; /* records bound to it */
 } source_t;
 
 typedef enum { J_RESERVE, J_PUSH, J_CANCEL, J_POOL_PUT } job_kind_t;
+
+/* The queues: control jobs and data jobs, each with its threads. */
+enum { Q_CONTROL, Q_DATA, Q_NUM };
+#define CONTROL_THREADS 2
+
+static int queue_of(job_kind_t k) { return k == J_RESERVE || k == J_CANCEL ? Q_CONTROL : Q_DATA; }
+
+typedef struct lane {
+    struct kvp__ec_producer *pr;
+    kvp__list_t jobs;
+    pthread_cond_t cv; /* a job queued, or stopping */
+} lane_t;
 
 typedef struct rec {
     char *tid, *hash, *req, *consumer, *dtype_name;
@@ -115,11 +132,10 @@ struct kvp__ec_producer {
     kvp__ec_client_t *client;
     kvp__ec_push_tx_t *tx;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     bool stopping;
     pthread_t *threads;
-    size_t n_threads;
-    kvp__list_t jobs;
+    size_t n_threads, cap_threads;
+    lane_t lanes[Q_NUM];
     size_t jobs_running;
     kvp__strmap_t recs;    /* tid -> rec */
     kvp__strmap_t sources; /* hash -> source (while records need it) */
@@ -155,10 +171,22 @@ static bool retryable_status(kvp_status_t st)
 
 /* ---- records and sources (mu held) ---- */
 
+static kvp_status_t enqueue(kvp__ec_producer_t *pr, job_kind_t kind, rec_t *r, source_t *s);
+
+/* The last record done with a candidate source hands it to its pool put:
+ * the put goes after the pushes of that output, so that a consumer's
+ * lookup for the transfer under way never finds the producer's own copy
+ * (its push would be replaced by a second copy through the pool) and the
+ * put never competes with the push it follows. */
 static void source_put(kvp__ec_producer_t *pr, source_t *s)
 {
     if (!s || --s->refs)
         return;
+    if (s->pool_put && !pr->stopping) {
+        s->pool_put = false;
+        if (enqueue(pr, J_POOL_PUT, NULL, s) == KVP_OK)
+            return;
+    }
     kvp__strmap_del(&pr->sources, s->hash, strlen(s->hash));
     kvp__free(s->data, s->nbytes);
     kvp__strfree(s->hash);
@@ -212,8 +240,9 @@ static kvp_status_t enqueue(kvp__ec_producer_t *pr, job_kind_t kind, rec_t *r, s
         r->busy = true;
     if (s)
         s->refs++;
-    kvp__list_add_tail(&pr->jobs, &j->link);
-    pthread_cond_signal(&pr->cv);
+    lane_t *l = &pr->lanes[queue_of(kind)];
+    kvp__list_add_tail(&l->jobs, &j->link);
+    pthread_cond_signal(&l->cv);
     return KVP_OK;
 }
 
@@ -535,14 +564,15 @@ static void run_pool_put(kvp__ec_producer_t *pr, source_t *s)
 
 static void *worker_main(void *arg)
 {
-    kvp__ec_producer_t *pr = arg;
+    lane_t *l = arg;
+    kvp__ec_producer_t *pr = l->pr;
     pthread_mutex_lock(&pr->mu);
     for (;;) {
-        while (kvp__list_empty(&pr->jobs) && !pr->stopping)
-            pthread_cond_wait(&pr->cv, &pr->mu);
-        if (kvp__list_empty(&pr->jobs))
+        while (kvp__list_empty(&l->jobs) && !pr->stopping)
+            pthread_cond_wait(&l->cv, &pr->mu);
+        if (kvp__list_empty(&l->jobs))
             break; /* stopping and drained */
-        job_t *j = KVP_CONTAINER_OF(kvp__list_first(&pr->jobs), job_t, link);
+        job_t *j = KVP_CONTAINER_OF(kvp__list_first(&l->jobs), job_t, link);
         kvp__list_del(&j->link);
         pr->jobs_running++;
         pthread_mutex_unlock(&pr->mu);
@@ -564,7 +594,6 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&pr->mu);
         pr->jobs_running--;
         reap_terminals(pr);
-        pthread_cond_broadcast(&pr->cv);
     }
     pthread_mutex_unlock(&pr->mu);
     return NULL;
@@ -579,8 +608,11 @@ kvp_status_t kvp__ec_producer_create(const kvp__ec_producer_params_t *p, kvp__ec
         return KVP_ERR_NO_MEMORY;
     pr->p = *p;
     pthread_mutex_init(&pr->mu, NULL);
-    pthread_cond_init(&pr->cv, NULL);
-    kvp__list_init(&pr->jobs);
+    for (int q = 0; q < Q_NUM; q++) {
+        pr->lanes[q].pr = pr;
+        kvp__list_init(&pr->lanes[q].jobs);
+        pthread_cond_init(&pr->lanes[q].cv, NULL);
+    }
     kvp__list_init(&pr->terminal);
     kvp__strmap_init(&pr->recs);
     kvp__strmap_init(&pr->sources);
@@ -593,11 +625,13 @@ kvp_status_t kvp__ec_producer_create(const kvp__ec_producer_params_t *p, kvp__ec
     kvp__ec_push_tx_params_t tp = {.paths = p->paths, .timeout_ms = p->control_timeout_ms};
     if (st == KVP_OK)
         st = kvp__ec_push_tx_create(&tp, &pr->tx);
-    size_t n = p->threads ? p->threads : 4;
-    if (st == KVP_OK && !(pr->threads = kvp__calloc(n, sizeof *pr->threads)))
+    size_t n_data = p->threads ? p->threads : 4;
+    pr->cap_threads = n_data + CONTROL_THREADS;
+    if (st == KVP_OK && !(pr->threads = kvp__calloc(pr->cap_threads, sizeof *pr->threads)))
         st = KVP_ERR_NO_MEMORY;
-    for (size_t i = 0; st == KVP_OK && i < n; i++) {
-        if (pthread_create(&pr->threads[i], NULL, worker_main, pr) != 0)
+    for (size_t i = 0; st == KVP_OK && i < pr->cap_threads; i++) {
+        lane_t *l = &pr->lanes[i < CONTROL_THREADS ? Q_CONTROL : Q_DATA];
+        if (pthread_create(&pr->threads[i], NULL, worker_main, l) != 0)
             st = KVP_ERR_NO_MEMORY;
         else
             pr->n_threads++;
@@ -619,11 +653,12 @@ void kvp__ec_producer_destroy(kvp__ec_producer_t *pr)
     kvp__ec_producer_finished(pr, NULL, 0);
     pthread_mutex_lock(&pr->mu);
     pr->stopping = true;
-    pthread_cond_broadcast(&pr->cv);
+    for (int q = 0; q < Q_NUM; q++)
+        pthread_cond_broadcast(&pr->lanes[q].cv);
     pthread_mutex_unlock(&pr->mu);
     for (size_t i = 0; i < pr->n_threads; i++)
         pthread_join(pr->threads[i], NULL);
-    kvp__free(pr->threads, (pr->p.threads ? pr->p.threads : 4) * sizeof *pr->threads);
+    kvp__free(pr->threads, pr->cap_threads * sizeof *pr->threads);
     for (size_t i = 0; i < pr->recs.cap; i++)
         if (pr->recs.slots[i].key)
             rec_free(pr->recs.slots[i].val);
@@ -643,7 +678,8 @@ void kvp__ec_producer_destroy(kvp__ec_producer_t *pr)
     kvp__ec_client_destroy(pr->client);
     kvp__strfree(pr->model);
     pthread_mutex_destroy(&pr->mu);
-    pthread_cond_destroy(&pr->cv);
+    for (int q = 0; q < Q_NUM; q++)
+        pthread_cond_destroy(&pr->lanes[q].cv);
     kvp__free(pr, sizeof *pr);
 }
 
@@ -761,7 +797,7 @@ static kvp_status_t bind_source(kvp__ec_producer_t *pr, const char *hash, const 
         maybe_push(pr, r);
     }
     if (fresh && pr->p.pool && kvp__strset_has(&pr->cands, hash))
-        enqueue(pr, J_POOL_PUT, NULL, src);
+        src->pool_put = true;
     if (fresh)
         source_put(pr, src); /* drop the map's own reference: records hold it now */
     pthread_mutex_unlock(&pr->mu);
@@ -799,7 +835,8 @@ kvp_status_t kvp__ec_producer_finished(kvp__ec_producer_t *pr, const char *const
 bool kvp__ec_producer_pending(kvp__ec_producer_t *pr)
 {
     pthread_mutex_lock(&pr->mu);
-    bool p = pr->n_active > 0 || pr->jobs_running > 0 || !kvp__list_empty(&pr->jobs);
+    bool p = pr->n_active > 0 || pr->jobs_running > 0 || !kvp__list_empty(&pr->lanes[Q_CONTROL].jobs) ||
+             !kvp__list_empty(&pr->lanes[Q_DATA].jobs);
     pthread_mutex_unlock(&pr->mu);
     return p;
 }

@@ -52,8 +52,9 @@
  * no-op.
  *
  * Accounting.  Every allocated extent belongs to exactly one active record
- * (a writer, or a READY writer that had no followers) or one resident
- * entry, so slab_free_bytes + bytes_reserved + resident_bytes == slab_size.
+ * (a writer, or a READY writer that had no followers), one resident
+ * entry or one fill, so slab_free_bytes + bytes_reserved + resident_bytes + fill_bytes
+ * == slab_size (fill_bytes: extents the cross-encoder cache is filling).
  * Per peer (kvpool's caps): a peer's reservations are its active records,
  * followers and cached ones included; its bytes are the extents its
  * records own (the rounded sizes).  Followers and cached records own none,

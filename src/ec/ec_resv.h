@@ -149,12 +149,29 @@ kvp_status_t kvp__ec_resv_take(kvp__ec_resv_t *r, const char *transfer_id, const
  * and dtype, pinned.  KVP_ERR_NOT_FOUND otherwise. */
 kvp_status_t kvp__ec_resv_take_resident(kvp__ec_resv_t *r, const char *mm_hash, const kvp__ec_tensor_t *t,
                                         kvp__ec_view_t *v);
-/* Puts bytes into the resident set under mm_hash, unpinned (evictable): the
- * cross-encoder cache's copy from the pool.  Allocates (reclaiming
- * evictable residents if needed) and copies n bytes from src.
- * KVP_ERR_NO_SPACE, KVP_ERR_INVALID_ARG (conflicting entry). */
+/* Puts bytes into the resident set under mm_hash, unpinned (evictable):
+ * fill_begin + a copy of t->nbytes from src + fill_end.  KVP_OK (also when
+ * the hash is resident already with that tensor), KVP_ERR_NO_SPACE,
+ * KVP_ERR_INVALID_ARG (conflicting entry), KVP_ERR_BUSY (no fill free). */
 kvp_status_t kvp__ec_resv_put_resident(kvp__ec_resv_t *r, const char *mm_hash, const kvp__ec_tensor_t *t,
                                        const void *src);
+/* The cross-encoder cache's put in two steps, so that the bytes can land
+ * straight in the slab without the lock held: fill_begin allocates an
+ * extent for t (reclaiming evictable residents if needed) that nobody else
+ * sees, *ptr_p its start and *id_p its handle; the caller writes the bytes,
+ * then fill_end publishes the extent as an unpinned resident (ok) or frees
+ * it (!ok).  A hash resident by then keeps its entry and the fill's extent
+ * is freed (KVP_OK if the tensors agree, else KVP_ERR_INVALID_ARG).  At
+ * most KVP__EC_MAX_FILLS at once; filling bytes count in fill_bytes.
+ * fill_begin: KVP_OK (*id_p 0 and *ptr_p NULL when the hash is resident
+ * already with that tensor: nothing to fill), KVP_ERR_NO_SPACE,
+ * KVP_ERR_BUSY (every fill in use), KVP_ERR_INVALID_ARG (a bad tensor, or
+ * resident with another tensor), KVP_ERR_CLOSED (shutting down).  fill_end: KVP_ERR_NOT_FOUND for an
+ * unknown handle. */
+#define KVP__EC_MAX_FILLS 16
+kvp_status_t kvp__ec_resv_fill_begin(kvp__ec_resv_t *r, const char *mm_hash, const kvp__ec_tensor_t *t,
+                                     uint8_t **ptr_p, uint64_t *id_p);
+kvp_status_t kvp__ec_resv_fill_end(kvp__ec_resv_t *r, uint64_t id, bool ok);
 /* Is mm_hash in the resident set (any shape)? */
 bool kvp__ec_resv_has_resident(kvp__ec_resv_t *r, const char *mm_hash);
 
@@ -186,7 +203,8 @@ void kvp__ec_resv_begin_shutdown(kvp__ec_resv_t *r);
 bool kvp__ec_resv_wait_for_writers(kvp__ec_resv_t *r, int64_t timeout_ms);
 
 /* Byte figures are extents (rounded up to KVP__EC_SLAB_ALIGN), so
- * slab_free_bytes + bytes_reserved + resident_bytes == slab_size always.
+ * slab_free_bytes + bytes_reserved + resident_bytes + fill_bytes ==
+ * slab_size always.
  * Counters: reserves = reserve calls (every outcome); completes and cancels
  * = accepted ones; expired = records whose lease ran out (READY -> EXPIRED,
  * WRITING -> EXPIRE_PENDING, a follower -> CANCELLED); reclaimed = resident
@@ -199,6 +217,7 @@ typedef struct kvp__ec_resv_stats {
     uint64_t bytes_reserved;    /* extents owned by active records */
     uint64_t residents, resident_bytes;
     uint64_t slab_free_bytes;
+    uint64_t fill_bytes;        /* extents being filled from the pool (fill_begin .. fill_end) */
     uint64_t reserves, reserves_cached, reserves_full, reserves_capped;
     uint64_t completes, cancels, takes, takes_failed, expired, reclaimed;
     uint64_t writers_abandoned; /* parked records ended after one more lease (a dead writer) */

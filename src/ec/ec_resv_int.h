@@ -56,6 +56,16 @@ typedef struct kvp__ec_rrec {
     uint64_t peer_bytes;       /* ... and to its peer's bytes (0 once inactive) */
 } kvp__ec_rrec_t;
 
+/* A fill: an extent the cross-encoder cache is filling from the pool
+ * (fill_begin .. fill_end), visible to nobody else. */
+typedef struct kvp__ec_fill {
+    bool used;
+    uint64_t id; /* fill_begin's handle: never 0, never reused */
+    kvp__ec_ext_t ext;
+    kvp__ec_tensor_t t;
+    char hash[256];
+} kvp__ec_fill_t;
+
 struct kvp__ec_resv {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -71,6 +81,8 @@ struct kvp__ec_resv {
     char **ready;          /* followers made READY, for drain_ready */
     size_t n_ready, cap_ready;
     bool shutting_down;
+    kvp__ec_fill_t fills[KVP__EC_MAX_FILLS];
+    uint64_t next_fill_id, fill_bytes;
     uint64_t by_state[KVP__EC_R_NUM_STATES];
     uint64_t n_recs, n_tombs, bytes_reserved;
     kvp__ec_resv_stats_t st; /* the event counters only */

@@ -90,35 +90,94 @@ kvp_status_t kvp__ec_resv_take_resident(kvp__ec_resv_t *r, const char *mm_hash, 
     return s;
 }
 
-/* The copy runs under the lock: it is one memcpy of an encoder output, and
- * the extent must not be seen half-filled by a cached reserve. */
-kvp_status_t kvp__ec_resv_put_resident(kvp__ec_resv_t *r, const char *mm_hash, const kvp__ec_tensor_t *t,
-                                       const void *src)
+static bool hash_ok(const char *mm_hash)
 {
-    if (!r || !mm_hash || !mm_hash[0] || !t || t->ndim > KVP__EC_MAX_NDIM || (t->nbytes && !src) ||
-        strlen(mm_hash) >= sizeof(((kvp__ec_status_t *)0)->mm_hash))
+    return mm_hash && mm_hash[0] && strlen(mm_hash) < sizeof(((kvp__ec_fill_t *)0)->hash);
+}
+
+kvp_status_t kvp__ec_resv_fill_begin(kvp__ec_resv_t *r, const char *mm_hash, const kvp__ec_tensor_t *t,
+                                     uint8_t **ptr_p, uint64_t *id_p)
+{
+    if (!r || !hash_ok(mm_hash) || !t || t->ndim > KVP__EC_MAX_NDIM || !ptr_p || !id_p)
         return KVP_ERR_INVALID_ARG;
+    *ptr_p = NULL;
+    *id_p = 0;
     pthread_mutex_lock(&r->mu);
     kvp_status_t s = KVP_OK;
+    kvp__ec_fill_t *f = NULL;
     kvp__ec_res_t *e = kvp__ec_resset_get(&r->res, mm_hash);
     if (e) {
-        if (!kvp__ec_tensor_same(&e->t, t))
-            s = KVP_ERR_INVALID_ARG;
+        s = kvp__ec_tensor_same(&e->t, t) ? KVP_OK : KVP_ERR_INVALID_ARG;
         goto out;
     }
-    kvp__ec_ext_t ext;
-    s = kvp__ec_resv_do_alloc(r, t->nbytes, false, 0, &ext);
+    if (r->shutting_down) {
+        s = KVP_ERR_CLOSED;
+        goto out;
+    }
+    for (size_t i = 0; i < KVP__EC_MAX_FILLS && !f; i++)
+        if (!r->fills[i].used)
+            f = &r->fills[i];
+    if (!f) {
+        s = KVP_ERR_BUSY;
+        goto out;
+    }
+    s = kvp__ec_resv_do_alloc(r, t->nbytes, false, 0, &f->ext);
     if (s != KVP_OK)
         goto out;
-    if (t->nbytes)
-        memcpy(r->p.slab + ext.off, src, t->nbytes);
-    if (!kvp__ec_resset_insert(&r->res, mm_hash, ext, t, false)) {
-        kvp__ec_alloc_put(&r->alloc, ext);
+    f->used = true;
+    f->id = ++r->next_fill_id;
+    f->t = *t;
+    strcpy(f->hash, mm_hash);
+    r->fill_bytes += f->ext.size;
+    *ptr_p = r->p.slab + f->ext.off;
+    *id_p = f->id;
+out:
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+kvp_status_t kvp__ec_resv_fill_end(kvp__ec_resv_t *r, uint64_t id, bool ok)
+{
+    if (!r || id == 0)
+        return KVP_ERR_INVALID_ARG;
+    pthread_mutex_lock(&r->mu);
+    kvp_status_t s = KVP_ERR_NOT_FOUND;
+    kvp__ec_fill_t *f = NULL;
+    for (size_t i = 0; i < KVP__EC_MAX_FILLS && !f; i++)
+        if (r->fills[i].used && r->fills[i].id == id)
+            f = &r->fills[i];
+    if (!f)
+        goto out;
+    f->used = false;
+    r->fill_bytes -= f->ext.size;
+    s = KVP_OK;
+    kvp__ec_res_t *e = ok ? kvp__ec_resset_get(&r->res, f->hash) : NULL;
+    if (e && !kvp__ec_tensor_same(&e->t, &f->t))
+        s = KVP_ERR_INVALID_ARG;
+    if (!ok || e) {
+        kvp__ec_alloc_put(&r->alloc, f->ext);
+    } else if (!kvp__ec_resset_insert(&r->res, f->hash, f->ext, &f->t, false)) {
+        kvp__ec_alloc_put(&r->alloc, f->ext);
         s = KVP_ERR_NO_MEMORY;
     }
 out:
     pthread_mutex_unlock(&r->mu);
     return s;
+}
+
+kvp_status_t kvp__ec_resv_put_resident(kvp__ec_resv_t *r, const char *mm_hash, const kvp__ec_tensor_t *t,
+                                       const void *src)
+{
+    if (!t || (t->nbytes && !src))
+        return KVP_ERR_INVALID_ARG;
+    uint8_t *dst;
+    uint64_t id;
+    kvp_status_t s = kvp__ec_resv_fill_begin(r, mm_hash, t, &dst, &id);
+    if (s != KVP_OK || id == 0)
+        return s;
+    if (t->nbytes)
+        memcpy(dst, src, t->nbytes);
+    return kvp__ec_resv_fill_end(r, id, true);
 }
 
 bool kvp__ec_resv_has_resident(kvp__ec_resv_t *r, const char *mm_hash)
@@ -192,6 +251,7 @@ void kvp__ec_resv_stats(kvp__ec_resv_t *r, kvp__ec_resv_stats_t *st)
     st->residents = r->res.n;
     st->resident_bytes = r->res.bytes;
     st->slab_free_bytes = r->alloc.free_bytes;
+    st->fill_bytes = r->fill_bytes;
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -345,6 +405,16 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
         if (r->res.map.slots[i].key && kvp__list_linked(&((kvp__ec_res_t *)r->res.map.slots[i].val)->lru))
             n_lru++;
     CHECK(lru == n_lru, "LRU list length");
+    /* the fills */
+    uint64_t fbytes = 0;
+    for (size_t i = 0; i < KVP__EC_MAX_FILLS; i++) {
+        if (!r->fills[i].used)
+            continue;
+        CHECK(k < n_ext, "more extents than allocated");
+        ext[k++] = r->fills[i].ext;
+        fbytes += r->fills[i].ext.size;
+    }
+    CHECK(fbytes == r->fill_bytes, "fill bytes %" PRIu64 " != %" PRIu64, fbytes, r->fill_bytes);
     /* every extent: disjoint, the whole slab */
     CHECK(k == n_ext, "%zu extents found, %zu expected", k, n_ext);
     qsort(ext, k, sizeof *ext, ext_cmp);
@@ -354,7 +424,7 @@ kvp_status_t kvp__ec_resv_validate(kvp__ec_resv_t *r, char *err, size_t errlen)
         end = ext[i].off + ext[i].size;
     }
     CHECK(end == a->size, "extents end at %" PRIu64 ", slab is %" PRIu64, end, a->size);
-    CHECK(a->free_bytes + r->bytes_reserved + r->res.bytes == a->size, "byte sum");
+    CHECK(a->free_bytes + r->bytes_reserved + r->res.bytes + r->fill_bytes == a->size, "byte sum");
     /* peers */
     for (size_t i = 0; i < r->peers.cap; i++) {
         if (!r->peers.slots[i].key)

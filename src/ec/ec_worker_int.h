@@ -74,8 +74,7 @@ struct kvp_ec_worker {
     kvp__ec_resv_t *resv;
     kvp__ec_push_rx_t *rx;
     kvp__ec_ctl_server_t *srv;
-    uint8_t *bounce; /* the cross-encoder cache's fetch buffer (server thread) */
-    size_t bounce_cap;
+    kvp__ec_xcache_t *xcache; /* the cross-encoder cache's lookups (NULL: none) */
     uint64_t cc_hits;
     /* producer */
     kvp__ec_producer_t *prod;

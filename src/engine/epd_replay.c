@@ -15,7 +15,9 @@
  * cached reserve at the consumer (its receive pool's resident, or the
  * cross-encoder cache) and every push that moves bytes is taken.  Before
  * the first request the encoder measures bare ZeroMQ REQ/REP round trips to
- * the prefill node's echo socket with frames of a reserve's size.  When all
+ * the prefill node's echo socket with frames of a reserve's size, and then
+ * samples one every millisecond, on a thread of its own, until the last
+ * request has ended.  When all
  * have ended the replay waits until the consumer holds no reservation (or
  * says how many it still holds), asks both nodes to quit, and reports.
  *
@@ -33,6 +35,10 @@
  *                 event received by the consumer scheduler's inbox, over
  *                 written pushes (CLOCK_MONOTONIC in both processes)
  *   reserve_p50   reserve sent -> answered, over reserves that write
+ *   zmq_rtt       the bare round trip's p50 over the samples taken while
+ *                 the workload ran: the reserves' own conditions (on this
+ *                 2-core VM the workload saturates the CPU, and a round
+ *                 trip is four thread wake-ups); zmq_rtt_idle: before it
  *   failures      requests failed for good or never ended, outputs used
  *                 before they were in the cache, lines the nodes wrote that
  *                 were not understood, a node that died uninvited
@@ -212,8 +218,10 @@ typedef struct run {
     kvp__json_parser_t jp;
     uint32_t next, inflight, sent, ended, done, retryable, failed_reqs;
     uint64_t encoder_not_done, push_records, push_ok, push_failed, bytes_pushed, protocol_errors, via_ucx, via_tcp;
-    bool encoder_dead, killed_encoder, prefill_ready, encoder_ready, rtt_done;
-    double rtt_p50_us;
+    bool encoder_dead, killed_encoder, prefill_ready, encoder_ready, rtt_done, rtt_loaded_done;
+    double rtt_p50_us;        /* sampled while the workload ran */
+    double rtt_idle_p50_us;   /* before it */
+    int64_t rtt_loaded_count;
     stats_line_t pf, enc;      /* the last stats lines */
     bool waiting_stats;
 } run_t;
@@ -347,8 +355,15 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
         int64_t ns;
         if (!kvp__epd_json_int(o, "p50_ns", &ns))
             return bad_line(r, c, "rtt without p50_ns", line, len);
-        r->rtt_p50_us = (double)ns / 1e3;
+        r->rtt_idle_p50_us = (double)ns / 1e3;
         r->rtt_done = true;
+    } else if (!strcmp(ev, "rtt_loaded") && !prefill) {
+        int64_t ns, cnt;
+        if (!kvp__epd_json_int(o, "p50_ns", &ns) || !kvp__epd_json_int(o, "count", &cnt))
+            return bad_line(r, c, "rtt_loaded without p50_ns and count", line, len);
+        r->rtt_p50_us = (double)ns / 1e3;
+        r->rtt_loaded_count = cnt;
+        r->rtt_loaded_done = true;
     } else if (!strcmp(ev, "stats")) {
         read_stats(o, prefill ? &r->pf : &r->enc);
         if (prefill)
@@ -602,8 +617,10 @@ static int report(run_t *r, double mc, double wall_s)
            pct_us(wr, nwr, 0.9), pct_us(wr, nwr, 0.99));
     printf("  push latency (reserve -> readiness event) p50 %.0f us, p99 %.0f us%s\n", p50, p99,
            no_event ? " (some pushes had no event)" : "");
-    printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us\n", r50, cr50,
-           r->rtt_p50_us);
+    printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us during the "
+           "workload (%" PRId64 " samples; %.2fx), %.0f us before it (%.2fx)\n",
+           r50, cr50, r->rtt_p50_us, r->rtt_loaded_count, r->rtt_p50_us > 0 ? r50 / r->rtt_p50_us : 0.0,
+           r->rtt_idle_p50_us, r->rtt_idle_p50_us > 0 ? r50 / r->rtt_idle_p50_us : 0.0);
     printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s\n",
            r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "");
     printf("  failures %" PRIu64 " (protocol %" PRIu64 ", gather misses %" PRId64 ", nodes %d), wall %.1f s\n", failures,
@@ -626,6 +643,7 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "push_p99_us", p99, false);
         jnum(&b, "reserve_p50_us", r50, false);
         jnum(&b, "zmq_rtt_us", r->rtt_p50_us, false);
+        jnum(&b, "zmq_rtt_idle_us", r->rtt_idle_p50_us, false);
         kvp__jw_puts(&b, "}\n");
         if (!b.oom)
             fwrite(b.p, 1, b.len, stdout);
@@ -777,6 +795,11 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         child_send(&r.encoder, line, (size_t)n);
         while (!r.rtt_done && !r.encoder.eof && kvp__now_ns() < deadline)
             pump(&r, 20);
+        /* ... and sampled all through the workload, on the machine the
+         * reserves see */
+        n = snprintf(line, sizeof line, "{\"op\":\"rtt_start\",\"addr\":\"%s\",\"bytes\":%zu,\"interval_us\":1000}\n",
+                     r.echo, reserve_frame_bytes(&r));
+        child_send(&r.encoder, line, (size_t)n);
     }
     /* the proxy */
     while (kvp__now_ns() < deadline) {
@@ -797,6 +820,13 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
             kvp_info("replay --epd: killed the encoder node after %" PRIu64 " pushes", r.push_records);
         }
     }
+    if (!r.encoder_dead) {
+        child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
+        while (!r.rtt_loaded_done && !r.encoder.eof && kvp__now_ns() < deadline)
+            pump(&r, 20);
+    }
+    if (!r.rtt_loaded_done) /* the encoder died (a fault run): only the idle figure */
+        r.rtt_p50_us = r.rtt_idle_p50_us;
     /* nothing may stay reserved at the consumer once its leases ran out */
     uint64_t wait_ns = (p->lease_ms ? p->lease_ms + 3000 : 5000) * 1000000ull, t_wait = kvp__now_ns();
     do {

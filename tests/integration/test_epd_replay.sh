@@ -41,7 +41,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
-FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','zmq_rtt_us']"
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','zmq_rtt_us','zmq_rtt_idle_us']"
 # every clean run: exit 0, all done, every byte taken verified, every push taken
 CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
 

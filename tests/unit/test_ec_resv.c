@@ -125,7 +125,7 @@ static kvp__ec_resv_stats_t stats(fx_t *f)
 {
     kvp__ec_resv_stats_t st;
     kvp__ec_resv_stats(f->r, &st);
-    ASSERT_EQ(st.slab_free_bytes + st.bytes_reserved + st.resident_bytes, f->size);
+    ASSERT_EQ(st.slab_free_bytes + st.bytes_reserved + st.resident_bytes + st.fill_bytes, f->size);
     return st;
 }
 

@@ -1,0 +1,284 @@
+/*
+ * The cross-encoder cache's pool lookups: see ec_xcache.h.
+ *
+ * A lookup is a job: EXISTS (an asynchronous pool op; its callback runs on
+ * the pool's thread, or inline for a backend that completes at once) ->
+ * on a hit, the job goes to the get thread, which fills an extent of the
+ * slab from the pool -> finish (done(token, hit), counters, backoff, free).
+ * `inflight` counts jobs started and not finished; destroy waits for 0.
+ *
+ * Lock order: x->mu, then the reservation table's (fill_begin/fill_end are
+ * never called with x->mu held, so in practice the two never nest).
+ */
+#include "ec/ec_xcache.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/list.h"
+#include "common/log.h"
+#include "ec/ec_worker_int.h"
+#include "kvpool/pool.h"
+
+#define BACKOFF_MIN_MS 250
+#define BACKOFF_MAX_MS 10000
+
+typedef struct job {
+    kvp__list_t link; /* on x->queue while it waits for the get thread */
+    kvp__ec_xcache_t *x;
+    char hash[256];
+    kvp__ec_tensor_t t;
+    char key[KVP_KEY_MAX + 1];
+    kvp_key_t k;
+    uint8_t present;
+    kvp_op_t op;
+    kvp__ec_xcache_done_fn done;
+    void *token;
+} job_t;
+
+struct kvp__ec_xcache {
+    kvp__ec_xcache_params_t p;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* queue grew, closing, or inflight dropped */
+    kvp__list_t queue; /* jobs for the get thread */
+    bool closing;
+    pthread_t thread;
+    bool thread_started;
+    /* backoff */
+    uint64_t fails;         /* failures in a row */
+    uint64_t backoff_until; /* kvp__now_ns() */
+    kvp__ec_xcache_stats_t st;
+};
+
+static int64_t backoff_ms(uint64_t fails)
+{
+    int64_t ms = BACKOFF_MIN_MS;
+    for (uint64_t i = 1; i < fails && ms < BACKOFF_MAX_MS; i++)
+        ms *= 2;
+    return ms < BACKOFF_MAX_MS ? ms : BACKOFF_MAX_MS;
+}
+
+/* The outcome of a pool call for the backoff (x->mu held): a lookup that
+ * reached the pool (hit or miss) ends it; a failure starts or lengthens it. */
+static void note_pool_locked(kvp__ec_xcache_t *x, kvp_status_t st)
+{
+    if (st == KVP_OK || st == KVP_ERR_NOT_FOUND) {
+        x->fails = 0;
+        return;
+    }
+    x->st.errors++;
+    x->fails++;
+    int64_t ms = backoff_ms(x->fails);
+    x->backoff_until = kvp__now_ns() + (uint64_t)ms * 1000000u;
+    x->st.backoffs++;
+    kvp_warn_rl("ec cross-encoder cache: pool lookup failed (%s); skipping lookups for %" PRId64
+                " ms (pushes go ahead)",
+                kvp_status_str(st), ms);
+}
+
+static void finish(job_t *j, kvp_status_t pool_st, bool hit)
+{
+    kvp__ec_xcache_t *x = j->x;
+    kvp__ec_xcache_done_fn done = j->done;
+    void *token = j->token;
+    pthread_mutex_lock(&x->mu);
+    note_pool_locked(x, pool_st);
+    if (hit) {
+        x->st.hits++;
+        x->st.bytes_fetched += j->t.nbytes;
+    } else if (pool_st == KVP_OK || pool_st == KVP_ERR_NOT_FOUND) {
+        x->st.misses++;
+    }
+    pthread_mutex_unlock(&x->mu);
+    kvp__free(j, sizeof *j);
+    if (done)
+        done(token, hit);
+    pthread_mutex_lock(&x->mu);
+    x->st.inflight--;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* After EXISTS: a miss or a failure ends the job; a hit queues the get. */
+static void after_exists(job_t *j, kvp_status_t st)
+{
+    if (st == KVP_OK && !j->present)
+        st = KVP_ERR_NOT_FOUND;
+    if (st != KVP_OK) {
+        finish(j, st, false);
+        return;
+    }
+    kvp__ec_xcache_t *x = j->x;
+    pthread_mutex_lock(&x->mu);
+    kvp__list_add_tail(&x->queue, &j->link);
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void exists_cb(void *arg, kvp_status_t st) { after_exists(arg, st); }
+
+/* The get thread's step: the value straight into a fill of the slab. */
+static void run_get(job_t *j)
+{
+    kvp__ec_xcache_t *x = j->x;
+    uint8_t *dst = NULL;
+    uint64_t id = 0;
+    kvp_status_t st = kvp__ec_resv_fill_begin(x->p.resv, j->hash, &j->t, &dst, &id);
+    if (st != KVP_OK || id == 0) {
+        /* resident already (a hit), or no room / a conflict / closing (a
+         * miss that is nobody's pool failure) */
+        finish(j, KVP_OK, st == KVP_OK);
+        return;
+    }
+    kvp_iov_t iov = {dst, j->t.nbytes};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t res = {0};
+    kvp_op_t op = {.type = KVP_OP_GET, .keys = &j->k, .n = 1, .values = &sgl, .results = &res,
+                   .timeout_ms = x->p.get_timeout_ms};
+    st = kvp_pool_run(x->p.pool, &op);
+    kvp_status_t kst = st == KVP_OK ? res.status : st;
+    bool ok = kst == KVP_OK && res.size == j->t.nbytes;
+    if (kst == KVP_OK && !ok)
+        kvp_warn_rl("ec cross-encoder cache: pool value of %s has %" PRIu64 " bytes, the reserve %" PRIu64, j->hash,
+                    res.size, j->t.nbytes);
+    if (kst == KVP_ERR_BUFFER_TOO_SMALL)
+        kvp_warn_rl("ec cross-encoder cache: pool value of %s is larger than the reserve's %" PRIu64 " bytes",
+                    j->hash, j->t.nbytes);
+    kvp_status_t fst = kvp__ec_resv_fill_end(x->p.resv, id, ok);
+    /* A value of the wrong size is the pool answering: not a pool failure. */
+    bool pool_failed = st != KVP_OK || (kst != KVP_OK && kst != KVP_ERR_NOT_FOUND && kst != KVP_ERR_BUFFER_TOO_SMALL);
+    finish(j, pool_failed ? kst : KVP_OK, ok && fst == KVP_OK);
+}
+
+static void *get_main(void *arg)
+{
+    kvp__ec_xcache_t *x = arg;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        while (kvp__list_empty(&x->queue) && !(x->closing && x->st.inflight == 0))
+            pthread_cond_wait(&x->cv, &x->mu);
+        if (kvp__list_empty(&x->queue))
+            break; /* closing, and nothing in flight */
+        job_t *j = KVP_LIST_FIRST_ENTRY(&x->queue, job_t, link);
+        kvp__list_del(&j->link);
+        pthread_mutex_unlock(&x->mu);
+        run_get(j);
+        pthread_mutex_lock(&x->mu);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+kvp_status_t kvp__ec_xcache_create(const kvp__ec_xcache_params_t *p, kvp__ec_xcache_t **x_p)
+{
+    if (!p || !x_p || !p->pool || !p->model || !p->resv)
+        return KVP_ERR_INVALID_ARG;
+    *x_p = NULL;
+    kvp__ec_xcache_t *x = kvp__calloc(1, sizeof *x);
+    if (!x)
+        return KVP_ERR_NO_MEMORY;
+    x->p = *p;
+    if (!x->p.exists_timeout_ms)
+        x->p.exists_timeout_ms = 1000;
+    if (!x->p.get_timeout_ms)
+        x->p.get_timeout_ms = 5000;
+    if (!x->p.max_inflight)
+        x->p.max_inflight = 64;
+    x->p.model = kvp__strdup(p->model);
+    if (!x->p.model) {
+        kvp__free(x, sizeof *x);
+        return KVP_ERR_NO_MEMORY;
+    }
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_cond_init(&x->cv, NULL);
+    kvp__list_init(&x->queue);
+    if (pthread_create(&x->thread, NULL, get_main, x) != 0) {
+        kvp__ec_xcache_destroy(x);
+        return KVP_ERR_IO;
+    }
+    x->thread_started = true;
+    *x_p = x;
+    return KVP_OK;
+}
+
+void kvp__ec_xcache_destroy(kvp__ec_xcache_t *x)
+{
+    if (!x)
+        return;
+    pthread_mutex_lock(&x->mu);
+    x->closing = true;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+    /* The get thread ends once nothing is queued or in flight: every
+     * pending exists has a deadline, every get runs on that thread. */
+    if (x->thread_started)
+        pthread_join(x->thread, NULL);
+    pthread_mutex_destroy(&x->mu);
+    pthread_cond_destroy(&x->cv);
+    kvp__strfree((char *)x->p.model);
+    kvp__free(x, sizeof *x);
+}
+
+kvp_status_t kvp__ec_xcache_lookup(kvp__ec_xcache_t *x, const char *mm_hash, const kvp__ec_tensor_t *t,
+                                   kvp__ec_xcache_done_fn done, void *token)
+{
+    if (!x || !mm_hash || !mm_hash[0] || strlen(mm_hash) >= sizeof(((job_t *)0)->hash) || !t || t->nbytes == 0)
+        return KVP_ERR_INVALID_ARG;
+    job_t *j = kvp__calloc(1, sizeof *j);
+    if (!j)
+        return KVP_ERR_NO_MEMORY;
+    size_t klen;
+    if (kvp__ec_store_key(x->p.model, mm_hash, j->key, sizeof j->key, &klen) != KVP_OK) {
+        kvp__free(j, sizeof *j);
+        return KVP_ERR_KEY_LENGTH;
+    }
+    pthread_mutex_lock(&x->mu);
+    x->st.lookups++;
+    bool skip = x->closing || x->st.inflight >= x->p.max_inflight ||
+                (x->fails && kvp__now_ns() < x->backoff_until);
+    if (skip)
+        x->st.skipped++;
+    else
+        x->st.inflight++;
+    pthread_mutex_unlock(&x->mu);
+    if (skip) {
+        kvp__free(j, sizeof *j);
+        return KVP_ERR_BUSY;
+    }
+    j->x = x;
+    strcpy(j->hash, mm_hash);
+    j->t = *t;
+    j->k = (kvp_key_t){j->key, (uint32_t)klen};
+    j->done = done;
+    j->token = token;
+    j->op = (kvp_op_t){.type = KVP_OP_EXISTS, .keys = &j->k, .n = 1, .present = &j->present,
+                       .timeout_ms = x->p.exists_timeout_ms, .cb = exists_cb, .cb_arg = j};
+    kvp_status_t st = kvp_pool_submit(x->p.pool, &j->op);
+    if (st == KVP_INPROGRESS)
+        return KVP_INPROGRESS;
+    if (st == KVP_OK && j->present) { /* done now, and a hit: the get goes to the thread */
+        after_exists(j, KVP_OK);
+        return KVP_INPROGRESS;
+    }
+    /* done now: a miss or a failure, reported here (done is not called) */
+    if (st == KVP_OK)
+        st = KVP_ERR_NOT_FOUND;
+    j->done = NULL;
+    finish(j, st, false);
+    return st;
+}
+
+void kvp__ec_xcache_stats(kvp__ec_xcache_t *x, kvp__ec_xcache_stats_t *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!x)
+        return;
+    pthread_mutex_lock(&x->mu);
+    *st = x->st;
+    st->backing_off = x->fails && kvp__now_ns() < x->backoff_until;
+    pthread_mutex_unlock(&x->mu);
+}
