@@ -744,6 +744,9 @@ static void emit_stats(node_t *n)
         sum.reserves += s.reserves;
         sum.reserves_cached += s.reserves_cached;
         sum.cross_cache_hits += s.cross_cache_hits;
+        sum.cross_cache_misses += s.cross_cache_misses;
+        sum.cross_cache_errors += s.cross_cache_errors;
+        sum.cross_cache_skipped += s.cross_cache_skipped;
         sum.takes += s.takes;
         sum.takes_failed += s.takes_failed;
         sum.expired += s.expired;
@@ -767,6 +770,9 @@ static void emit_stats(node_t *n)
     jint(&b, "reserves", (int64_t)sum.reserves);
     jint(&b, "reserves_cached", (int64_t)sum.reserves_cached);
     jint(&b, "cross_cache_hits", (int64_t)sum.cross_cache_hits);
+    jint(&b, "cross_cache_misses", (int64_t)sum.cross_cache_misses);
+    jint(&b, "cross_cache_errors", (int64_t)sum.cross_cache_errors);
+    jint(&b, "cross_cache_skipped", (int64_t)sum.cross_cache_skipped);
     jint(&b, "takes", (int64_t)sum.takes);
     jint(&b, "takes_failed", (int64_t)sum.takes_failed);
     jint(&b, "expired", (int64_t)sum.expired);

@@ -102,7 +102,9 @@ static int usage_epd(FILE *out)
             "  --faults SPEC              comma-separated: kill-encoder@N (SIGKILL the encoder node after N\n"
             "                             push records; the requests in flight fail with a retryable error\n"
             "                             after the push wait), drop-events@P (the prefill scheduler's inbox\n"
-            "                             loses each readiness event with probability P, 0 < P <= 1)\n"
+            "                             loses each readiness event with probability P, 0 < P <= 1),\n"
+            "                             kill-pool@N (SIGKILL the pool server the replay started after N push\n"
+            "                             records: the cross-encoder cache is gone, the pushes go on)\n"
             "  --json                     one compact JSON object as the last line of stdout\n"
             "  test knobs: --seed N (1), --window N requests in flight (8), --push-wait-s S (60),\n"
             "  --lease-ms MS reservation lease (300000), --cache-images N encoder cache (16), --timeout-s S (280)\n",

@@ -120,12 +120,13 @@ typedef struct kvp__epd_replay_params {
     uint64_t cache_images;    /* each instance's encoder cache, in images (16) */
     uint64_t kill_encoder_after; /* --faults kill-encoder@N: SIGKILL after N pushes (0: never) */
     double drop_events;       /* --faults drop-events@P */
+    uint64_t kill_pool_after; /* --faults kill-pool@N: SIGKILL the pool server the replay started after N pushes */
     uint64_t timeout_s;       /* the whole run (280) */
     bool json;
 } kvp__epd_replay_params_t;
 
 void kvp__epd_replay_params_init(kvp__epd_replay_params_t *p);
-/* Parses --faults SPEC: comma-separated kill-encoder@N and drop-events@P.
+/* Parses --faults SPEC: comma-separated kill-encoder@N, kill-pool@N and drop-events@P.
  * KVP_ERR_BAD_OPTION on anything else. */
 kvp_status_t kvp__epd_faults_parse(const char *spec, kvp__epd_replay_params_t *p);
 /* Runs it; the exit status (0; 1: failures, a mismatch or a node that did

@@ -89,11 +89,11 @@ kvp_status_t kvp__epd_faults_parse(const char *spec, kvp__epd_replay_params_t *p
             return KVP_ERR_BAD_OPTION;
         *at++ = 0;
         errno = 0;
-        if (!strcmp(tok, "kill-encoder")) {
+        if (!strcmp(tok, "kill-encoder") || !strcmp(tok, "kill-pool")) {
             unsigned long long n = strtoull(at, &end, 10);
             if (errno || *end || !*at || n < 1 || at[0] == '-')
                 return KVP_ERR_BAD_OPTION;
-            p->kill_encoder_after = n;
+            *(tok[5] == 'e' ? &p->kill_encoder_after : &p->kill_pool_after) = n;
         } else if (!strcmp(tok, "drop-events")) {
             double x = strtod(at, &end);
             if (errno || *end || !*at || !(x > 0 && x <= 1))
@@ -205,6 +205,7 @@ typedef struct xfer {
 
 typedef struct stats_line {
     bool have;
+    int64_t cross_cache_misses, cross_cache_errors, cross_cache_skipped;
     int64_t reservations_active, bytes_reserved, cross_cache_hits, taken, verified, done, retryable, failed;
     int64_t gather_misses, hook_errors, events_dropped, reserves_cached, pushes_failed, encoded, unfinished;
 } stats_line_t;
@@ -218,6 +219,7 @@ typedef struct run {
     kvp__json_parser_t jp;
     uint32_t next, inflight, sent, ended, done, retryable, failed_reqs;
     uint64_t encoder_not_done, push_records, push_ok, push_failed, bytes_pushed, protocol_errors, via_ucx, via_tcp;
+    bool killed_pool;
     bool encoder_dead, killed_encoder, prefill_ready, encoder_ready, rtt_done, rtt_loaded_done;
     double rtt_p50_us;        /* sampled while the workload ran */
     double rtt_idle_p50_us;   /* before it */
@@ -262,6 +264,9 @@ static void read_stats(const kvp__json_t *o, stats_line_t *s)
     s->reservations_active = jint0(o, "reservations_active");
     s->bytes_reserved = jint0(o, "bytes_reserved");
     s->cross_cache_hits = jint0(o, "cross_cache_hits");
+    s->cross_cache_misses = jint0(o, "cross_cache_misses");
+    s->cross_cache_errors = jint0(o, "cross_cache_errors");
+    s->cross_cache_skipped = jint0(o, "cross_cache_skipped");
     s->taken = jint0(o, "taken");
     s->verified = jint0(o, "verified");
     s->done = jint0(o, "done");
@@ -611,6 +616,9 @@ static int report(run_t *r, double mc, double wall_s)
     printf("  cross-encoder cache hits %" PRId64 ", cached reserves %" PRId64 ", encoded on the prefill node %" PRId64
            "\n",
            r->pf.cross_cache_hits, r->pf.reserves_cached, r->pf.encoded);
+    printf("  cross-encoder cache lookups: %" PRId64 " misses, %" PRId64 " pool errors, %" PRId64
+           " skipped (pool backing off or at its cap)\n",
+           r->pf.cross_cache_misses, r->pf.cross_cache_errors, r->pf.cross_cache_skipped);
     printf("  push bandwidth %.2f GB/s (memcpy baseline %.2f GB/s, %.0f %%; %" PRIu64 " over UCX, %" PRIu64
            " over TCP; write p50 %.0f us, p90 %.0f us, p99 %.0f us)\n",
            push_gbps, mc, mc > 0 ? 100 * push_gbps / mc : 0.0, r->via_ucx, r->via_tcp, pct_us(wr, nwr, 0.5),
@@ -621,8 +629,9 @@ static int report(run_t *r, double mc, double wall_s)
            "workload (%" PRId64 " samples; %.2fx), %.0f us before it (%.2fx)\n",
            r50, cr50, r->rtt_p50_us, r->rtt_loaded_count, r->rtt_p50_us > 0 ? r50 / r->rtt_p50_us : 0.0,
            r->rtt_idle_p50_us, r->rtt_idle_p50_us > 0 ? r50 / r->rtt_idle_p50_us : 0.0);
-    printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s\n",
-           r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "");
+    printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s%s\n",
+           r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "",
+           r->killed_pool ? ", pool server killed" : "");
     printf("  failures %" PRIu64 " (protocol %" PRIu64 ", gather misses %" PRId64 ", nodes %d), wall %.1f s\n", failures,
            r->protocol_errors, r->pf.gather_misses, prefill_crashed + encoder_crashed, wall_s);
     if (r->p->json) {
@@ -776,6 +785,11 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         fprintf(stderr, "kvpool replay --epd: mkdtemp: %s\n", strerror(errno));
         goto out;
     }
+    /* A node's stdout is its channel to us: UCX, which logs to stdout
+     * unless told otherwise, logs to stderr in the nodes (UCX reads this at
+     * load, so it goes into the environment they are started with; a
+     * caller's own choice wins). */
+    setenv("UCX_LOG_FILE", "/dev/stderr", 0);
     if (p->pool_uri)
         snprintf(r.pool_uri, sizeof r.pool_uri, "%s", p->pool_uri);
     else if (!p->no_pool && (st = start_server(&r, dir)) != KVP_OK) {
@@ -813,6 +827,11 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         if (r.encoder.eof && !r.encoder_dead) {
             r.encoder_dead = true; /* uninvited: the report counts it */
             kvp_warn("replay --epd: the encoder node exited");
+        }
+        if (p->kill_pool_after && r.server.pid && !r.killed_pool && r.push_records >= p->kill_pool_after) {
+            kill(r.server.pid, SIGKILL);
+            r.killed_pool = true;
+            kvp_info("replay --epd: killed the pool server after %" PRIu64 " pushes", r.push_records);
         }
         if (p->kill_encoder_after && !r.killed_encoder && r.push_records >= p->kill_encoder_after) {
             kill(r.encoder.pid, SIGKILL);

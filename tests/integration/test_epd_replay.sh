@@ -5,7 +5,8 @@
 # 127.0.0.1) with the replay as the proxy.  Every run: the prefill node
 # verifies every byte it takes.  Then consumer TP 2, a second run against
 # the same pool server (the cross-encoder cache holds every image of the
-# first), the encoder killed mid-run, and readiness events lost.  Release
+# first), the encoder killed mid-run, readiness events lost, and the pool
+# of the cross-encoder cache killed mid-run.  Release
 # build only (ASan runs the engine's unit tests instead).
 set -u
 KVP=${KVP_BIN:-build/kvpool}
@@ -87,6 +88,14 @@ check replay_epd_kill_encoder_nothing_leaks sh -c "[ \$(cat '$T/kill.rc') = 0 ] 
 # readiness events lost: only the requests whose event was lost fail (retryable)
 epd drop --requests 40 --size 1MiB --faults drop-events@0.1 --push-wait-s 2 --lease-ms 2000
 check replay_epd_drop_events_retryable jcheck drop "rc == 0 and j['failures'] == 0 and 0 < j['retryable_errors'] < 20 and j['bytes_verified'] == j['bytes_taken']"
+
+# the pool down for the cross-encoder cache: the pool server the replay
+# started is killed (SIGKILL) after 20 pushes; every push still goes and
+# every request succeeds, and lookups back off instead of each reserve
+# waiting for a dead pool
+epd killpool --requests 80 --size 1MiB --faults kill-pool@20 --push-wait-s 5
+check replay_epd_pool_down_pushes_still_work jcheck killpool "$CLEAN and j['requests'] == 80 and j['pushes'] >= 150"
+check replay_epd_pool_down_lookups_back_off sh -c "grep -q 'pool server killed' '$T/killpool.out' && grep -Eq 'lookups: [0-9]+ misses, [1-9][0-9]* pool errors, [1-9][0-9]* skipped' '$T/killpool.out'"
 
 check replay_epd_usage_errors sh -c "'$KVP' replay --epd --faults frob@1 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --size 3 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --frob >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --help | grep -q 'kvpool server'"
 checks_end
