@@ -1020,6 +1020,76 @@ TEST(test_ec_resv_retire_only_what_the_engine_no_longer_holds)
     fx_done(&f);
 }
 
+/* The cross-encoder cache's two-step put: a fill's extent is nobody else's
+ * (not resident, not reserved, counted in fill_bytes) until fill_end
+ * publishes it or frees it; a hash resident by then keeps its entry. */
+TEST(test_ec_resv_fill_begin_end_publish_abort_busy)
+{
+    fx_t f;
+    fx_init(&f, 64 * 1024);
+    kvp__ec_tensor_t t = tensor(1024);
+    uint8_t *ptr;
+    uint64_t id;
+    ASSERT_OK(kvp__ec_resv_fill_begin(f.r, "F1", &t, &ptr, &id));
+    ASSERT(id != 0 && ptr >= f.slab && ptr + 1024 <= f.slab + f.size);
+    check(&f);
+    kvp__ec_resv_stats_t st = stats(&f);
+    ASSERT_EQ(st.fill_bytes, 1024);
+    ASSERT_EQ(st.residents, 0);
+    ASSERT(!kvp__ec_resv_has_resident(f.r, "F1")); /* not visible while filling */
+    memset(ptr, 0x3c, 1024);
+    ASSERT_OK(kvp__ec_resv_fill_end(f.r, id, true));
+    ASSERT_EQ(kvp__ec_resv_fill_end(f.r, id, true), KVP_ERR_NOT_FOUND); /* once */
+    st = stats(&f);
+    ASSERT_EQ(st.fill_bytes, 0);
+    ASSERT_EQ(st.residents, 1);
+    kvp__ec_view_t v;
+    ASSERT_OK(kvp__ec_resv_take_resident(f.r, "F1", &t, &v));
+    ASSERT_EQ(v.ptr, ptr);
+    ASSERT_EQ(v.ptr[1023], 0x3c);
+    /* resident already: nothing to fill; with another tensor: refused */
+    ASSERT_OK(kvp__ec_resv_fill_begin(f.r, "F1", &t, &ptr, &id));
+    ASSERT(id == 0 && ptr == NULL);
+    kvp__ec_tensor_t t2 = tensor(2048);
+    ASSERT_EQ(kvp__ec_resv_fill_begin(f.r, "F1", &t2, &ptr, &id), KVP_ERR_INVALID_ARG);
+    /* aborted: the extent goes back, nothing becomes resident */
+    ASSERT_OK(kvp__ec_resv_fill_begin(f.r, "F2", &t, &ptr, &id));
+    ASSERT_OK(kvp__ec_resv_fill_end(f.r, id, false));
+    ASSERT(!kvp__ec_resv_has_resident(f.r, "F2"));
+    ASSERT_EQ(stats(&f).fill_bytes, 0);
+    /* a hash that became resident while it was filled keeps its entry */
+    ASSERT_OK(kvp__ec_resv_fill_begin(f.r, "F3", &t, &ptr, &id));
+    uint8_t src[1024];
+    memset(src, 7, sizeof src);
+    ASSERT_OK(kvp__ec_resv_put_resident(f.r, "F3", &t, src));
+    ASSERT_OK(kvp__ec_resv_fill_end(f.r, id, true));
+    ASSERT_OK(kvp__ec_resv_take_resident(f.r, "F3", &t, &v));
+    ASSERT_EQ(v.ptr[0], 7);
+    st = stats(&f);
+    ASSERT_EQ(st.fill_bytes, 0);
+    ASSERT_EQ(st.residents, 2);
+    check(&f);
+    /* at most KVP__EC_MAX_FILLS at once */
+    uint64_t ids[KVP__EC_MAX_FILLS];
+    for (int i = 0; i < KVP__EC_MAX_FILLS; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "B%d", i);
+        ASSERT_OK(kvp__ec_resv_fill_begin(f.r, h, &t, &ptr, &ids[i]));
+    }
+    ASSERT_EQ(kvp__ec_resv_fill_begin(f.r, "Bx", &t, &ptr, &id), KVP_ERR_BUSY);
+    check(&f);
+    ASSERT_EQ(stats(&f).fill_bytes, (uint64_t)KVP__EC_MAX_FILLS * 1024);
+    for (int i = 0; i < KVP__EC_MAX_FILLS; i++)
+        ASSERT_OK(kvp__ec_resv_fill_end(f.r, ids[i], i % 2 == 0));
+    ASSERT_EQ(stats(&f).residents, 2 + KVP__EC_MAX_FILLS / 2);
+    /* no room, and shutting down */
+    kvp__ec_tensor_t big = tensor(128 * 1024);
+    ASSERT_EQ(kvp__ec_resv_fill_begin(f.r, "Big", &big, &ptr, &id), KVP_ERR_NO_SPACE);
+    kvp__ec_resv_begin_shutdown(f.r);
+    ASSERT_EQ(kvp__ec_resv_fill_begin(f.r, "Late", &t, &ptr, &id), KVP_ERR_CLOSED);
+    fx_done(&f);
+}
+
 TEST(test_ec_resv_put_resident_conflict_duplicate_and_no_space)
 {
     fx_t f;
@@ -1460,8 +1530,9 @@ static void *hammer_thread(void *arg)
 {
     hammer_t *h = arg;
     uint64_t rng = 77 + h->id;
-    char rids[8][KVP__EC_RID_LEN + 1];
+    char rids[8][KVP__EC_RID_LEN + 1], hashes[8][16];
     memset(rids, 0, sizeof rids);
+    memset(hashes, 0, sizeof hashes);
     for (int i = 0; i < 3000; i++) {
         uint64_t x = kvp__splitmix64(&rng);
         unsigned k = (unsigned)(x >> 8) % 8, hh = (unsigned)(x >> 16) % 6;
@@ -1476,6 +1547,7 @@ static void *hammer_thread(void *arg)
         case 1:
             if (kvp__ec_resv_reserve(h->f->r, &in, &o, NULL, 0) == KVP_OK && !o.cancelled) {
                 memcpy(rids[k], o.reservation_id, sizeof rids[k]);
+                memcpy(hashes[k], hash, sizeof hashes[k]);
                 if (o.write && kvp__ec_resv_check_write(h->f->r, o.offset, o.nbytes, o.reservation_id) == KVP_OK)
                     fill(h->f->slab + o.offset, hh, o.nbytes);
             }
@@ -1487,7 +1559,9 @@ static void *hammer_thread(void *arg)
             kvp__ec_resv_cancel(h->f->r, tid, "", (x >> 40) & 1, false, NULL, NULL);
             break;
         case 4:
-            kvp__ec_resv_take(h->f->r, tid, hash, &v, NULL, 0);
+            /* mostly the hash this tid was reserved with (a take that can
+             * succeed), sometimes another (one that must fail cleanly) */
+            kvp__ec_resv_take(h->f->r, tid, hashes[k][0] && (x >> 32) % 4 ? hashes[k] : hash, &v, NULL, 0);
             kvp__ec_resv_retire(h->f->r, NULL, 0, NULL, NULL);
             break;
         case 5:
@@ -1635,7 +1709,7 @@ TEST_LIST(T(test_ec_resv_create_rejects_bad_params),
           T(test_ec_resv_alloc_aligned_first_fit_coalescing_full),
           T(test_ec_resv_reclaim_evicts_lru_and_records_reclaimed),
           T(test_ec_resv_retire_only_what_the_engine_no_longer_holds),
-          T(test_ec_resv_put_resident_conflict_duplicate_and_no_space),
+          T(test_ec_resv_put_resident_conflict_duplicate_and_no_space), T(test_ec_resv_fill_begin_end_publish_abort_busy),
           T(test_ec_resv_peer_caps_refuse_one_peer_serve_another),
           T(test_ec_resv_check_write_inside_outside_after_cancel),
           T(test_ec_resv_rejects_transitions_not_in_table),

@@ -837,8 +837,13 @@ TEST(test_ec_cross_encoder_cache_reserve_hits_pool)
     kvp_ec_worker_t *ws[1] = {c.w};
     ASSERT(consume(&cs, ws, 1, &cache, &co));
     cache_free(&cache);
+    /* the pool put goes after the push (on a data thread): wait for it */
     kvp_ec_worker_stats_t pst;
-    stats(p.w, &pst);
+    uint64_t dl = kvp__now_ns() + 5000000000ull;
+    do {
+        usleep(2000);
+        stats(p.w, &pst);
+    } while (pst.cross_cache_puts == 0 && kvp__now_ns() < dl);
     ASSERT_EQ(pst.cross_cache_puts, 1);
     sched_stop(&cs);
     kvp_ec_worker_destroy(c.w);
@@ -863,6 +868,71 @@ TEST(test_ec_cross_encoder_cache_reserve_hits_pool)
     cache_free(&cache);
     prod_stop(&p);
     sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+    kvp_pool_close(pool);
+}
+
+/* The cross-encoder cache's lookups do not hold up the control server:
+ * reserves of one hash the pool holds, from two peers at once, share one
+ * lookup and are both answered cached, byte for byte the pool's; a reserve
+ * of a hash the pool lacks is answered write; requests of other kinds are
+ * served meanwhile; the worker's stats count it all. */
+TEST(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup)
+{
+    kvp_pool_t *pool;
+    ASSERT_OK(kvp_pool_open("embedded://?capacity=16MiB", &pool));
+    uint8_t val[64];
+    for (int i = 0; i < 64; i++)
+        val[i] = (uint8_t)(i * 7 + 1);
+    const char *key = "ec@m@HP"; /* kvp__ec_store_key("m", "HP") */
+    kvp_key_t k = {key, (uint32_t)strlen(key)};
+    kvp_iov_t iov = {val, sizeof val};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t res;
+    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &res));
+    ASSERT_OK(res.status);
+    cons_opts_t o = {.pool = pool};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, &o);
+    rc_t a, b, q;
+    rc_open(&a, c.addr);
+    rc_open(&b, c.addr);
+    rc_open(&q, c.addr);
+    char buf[256];
+    snprintf(buf, sizeof buf, RESERVE_FMT, "TPa", "HP");
+    ASSERT_EQ(zmq_send(a.sock, buf, strlen(buf), 0), (int)strlen(buf));
+    snprintf(buf, sizeof buf, RESERVE_FMT, "TPb", "HP");
+    ASSERT_EQ(zmq_send(b.sock, buf, strlen(buf), 0), (int)strlen(buf));
+    /* another peer's status is served whatever the lookups are doing */
+    ASSERT(strstr(rc(&q, "{\"op\":\"status\",\"transfer_id\":\"none\"}"), "\"ok\":true"));
+    for (int i = 0; i < 2; i++) {
+        rc_t *x = i ? &b : &a;
+        int n = zmq_recv(x->sock, x->reply, sizeof x->reply - 1, 0);
+        ASSERT_GE(n, 0);
+        x->reply[n] = 0;
+        ASSERT(strstr(x->reply, "\"ok\":true"));
+        ASSERT(strstr(x->reply, "\"cached\":true"));
+        ASSERT(strstr(x->reply, "\"write\":false"));
+    }
+    /* the slot holds the pool's bytes: the reply's dst_ptr is in this process */
+    const char *pp = strstr(a.reply, "\"dst_ptr\":");
+    ASSERT(pp);
+    const uint8_t *slot = (const uint8_t *)(uintptr_t)strtoull(pp + 10, NULL, 10);
+    ASSERT(slot != NULL);
+    ASSERT_MEM_EQ(slot, val, sizeof val);
+    /* a hash the pool lacks: write */
+    ASSERT(strstr(reserve(&q, "TPc", "HQ"), "\"write\":true"));
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_hits, 1);
+    ASSERT_EQ(st.cross_cache_misses, 1);
+    ASSERT_EQ(st.cross_cache_errors, 0);
+    ASSERT_EQ(st.cross_cache_bytes, 64);
+    ASSERT_EQ(st.cross_cache_parked, 0);
+    ASSERT_EQ(st.reserves_cached, 2);
+    rc_close(&a);
+    rc_close(&b);
+    rc_close(&q);
     kvp_ec_worker_destroy(c.w);
     kvp_pool_close(pool);
 }
@@ -907,6 +977,63 @@ TEST(test_ec_producer_consumer_gone_retryable_failed_save)
     ASSERT_STR_EQ(l.v[0], "r9");
     kvp_ec_strlist_cleanup(&l);
     prod_stop(&p);
+}
+
+/* Fault: the consumer restarted.  A push while it is down fails with a
+ * retryable error and leaves nothing pending at the producer; once a new
+ * consumer (worker and scheduler) listens on the same port the same
+ * producer pushes to it again (its control sockets reconnect, the push
+ * transport connects to the new data endpoint), byte for byte. */
+TEST(test_ec_fault_consumer_restarted)
+{
+    uint16_t port = free_ports(1);
+    cons_t c;
+    cons_start(&c, port, 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 400);
+    one_t po, co;
+    cache_t cache = {0};
+    kvp_ec_worker_t *ws[1] = {c.w};
+    one(&po, "r1", "HR1", "TR1", c.addr);
+    one(&co, "r1", "HR1", "TR1", NULL);
+    produce(&p, &po);
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    check_bytes(&cache, "HR1");
+    cache_free(&cache);
+    /* down */
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+    one(&po, "r2", "HR2", "TR2", c.addr);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 2);
+    ASSERT_EQ(atomic_load(&p.pushes.ok), 1);
+    ASSERT(p.pushes.last != KVP_OK);
+    ASSERT(p.pushes.retryable);
+    kvp_ec_worker_stats_t pst;
+    stats(p.w, &pst);
+    ASSERT_EQ(pst.pushes_pending, 0);
+    ASSERT_EQ(pst.pushes_retryable, 1);
+    /* back, on the same port */
+    cons_start(&c, port, 1, 0, 16 << 20, NULL);
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    ws[0] = c.w;
+    one(&po, "r3", "HR3", "TR3", c.addr);
+    one(&co, "r3", "HR3", "TR3", NULL);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 3);
+    ASSERT_EQ(atomic_load(&p.pushes.ok), 2);
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    check_bytes(&cache, "HR3");
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.takes, 1);
+    ASSERT_EQ(st.reservations_active, 0);
+    cache_free(&cache);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
 }
 
 TEST(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest)
@@ -960,6 +1087,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s33_push_then_event_then_load_end_to_end), T(test_ec_s33_over_tcp_stream), T(test_ec_s35_two_shards_both_written_loaded_on_both),
           T(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
-          T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_producer_consumer_gone_retryable_failed_save),
-          T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
+          T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
+          T(test_ec_producer_consumer_gone_retryable_failed_save),
+          T(test_ec_fault_consumer_restarted), T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
           T(test_ec_worker_config_validation_scenario_46))
