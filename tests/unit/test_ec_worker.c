@@ -4,15 +4,19 @@
  * queue) spoken to with raw ZeroMQ REQ sockets, and pushes from a producer
  * worker into consumer workers driven by real schedulers with the ZeroMQ
  * collaborators (scenarios 33, 35, the cross-encoder cache, a producer whose
- * consumer is gone).
+ * consumer is gone), and faults: the consumer restarted, two shards with
+ * one slow (a shard in a process of its own, stopped with SIGSTOP).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -1036,6 +1040,186 @@ TEST(test_ec_fault_consumer_restarted)
     kvp_ec_worker_destroy(c.w);
 }
 
+/* ---- a consumer shard in a process of its own (the slow-shard fault) ---- */
+
+/* This binary run with KVP_TEST_EC_SHARD="base:tp:rank:lease_ms" is one
+ * consumer shard: it says "ready" on stdout and serves until stdin closes
+ * (before main: the test list never runs). */
+__attribute__((constructor)) static void shard_child(void)
+{
+    const char *spec = getenv("KVP_TEST_EC_SHARD");
+    unsigned base, tp, rank, lease;
+    if (!spec || sscanf(spec, "%u:%u:%u:%u", &base, &tp, &rank, &lease) != 4)
+        return;
+    char addr[64];
+    snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", base);
+    kvp_ec_config_t cfg;
+    kvp_ec_config_init(&cfg);
+    cfg.is_consumer = true;
+    cfg.control_addr = addr;
+    cfg.tp_size = tp;
+    cfg.pool_size = 16 << 20;
+    cfg.control_timeout_ms = 500;
+    cfg.dtype = KVP_EC_DTYPE_BFLOAT16;
+    kvp_ec_worker_params_t p;
+    kvp_ec_worker_params_init(&p);
+    p.config = &cfg;
+    p.tp_rank = rank;
+    p.lease_ms = lease;
+    p.reap_interval_ms = lease / 4 ? lease / 4 : 1;
+    kvp_ec_worker_t *w = NULL;
+    if (kvp_ec_worker_create(&p, &w) != KVP_OK)
+        _exit(3);
+    if (write(STDOUT_FILENO, "ready\n", 6) != 6)
+        _exit(4);
+    char c;
+    while (read(STDIN_FILENO, &c, 1) > 0) {
+    }
+    kvp_ec_worker_destroy(w);
+    _exit(0);
+}
+
+typedef struct {
+    pid_t pid;
+    int in_fd; /* its stdin: closing it ends the shard */
+} shard_proc_t;
+
+static void shard_proc_start(shard_proc_t *sp, uint16_t base, int tp, int rank, int lease_ms)
+{
+    char env[96];
+    snprintf(env, sizeof env, "KVP_TEST_EC_SHARD=%u:%d:%d:%d", (unsigned)base, tp, rank, lease_ms);
+    char *envp[] = {env, NULL};
+    int in[2], out[2];
+    ASSERT_EQ(pipe(in), 0);
+    ASSERT_EQ(pipe(out), 0);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        dup2(in[0], STDIN_FILENO);
+        dup2(out[1], STDOUT_FILENO);
+        close(in[1]);
+        close(out[0]);
+        execle("/proc/self/exe", "test_ec_worker", (char *)NULL, envp);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    char buf[8] = {0};
+    ASSERT_EQ(read(out[0], buf, 6), 6);
+    ASSERT_STR_EQ(buf, "ready\n");
+    close(out[0]);
+    sp->pid = pid;
+    sp->in_fd = in[1];
+}
+
+static void shard_proc_stop(shard_proc_t *sp)
+{
+    kill(sp->pid, SIGCONT);
+    close(sp->in_fd);
+    int status = 0;
+    ASSERT_EQ(waitpid(sp->pid, &status, 0), sp->pid);
+    ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+typedef struct {
+    pid_t pid;
+    int ms;
+} cont_t;
+
+static void *cont_after(void *arg)
+{
+    cont_t *c = arg;
+    usleep((useconds_t)c->ms * 1000);
+    kill(c->pid, SIGCONT);
+    return NULL;
+}
+
+static size_t wait_active(kvp_ec_worker_t *w, size_t want)
+{
+    kvp_ec_worker_stats_t st;
+    uint64_t dl = kvp__now_ns() + 5000000000ull;
+    do {
+        stats(w, &st);
+        if (st.reservations_active == want)
+            break;
+        usleep(5000);
+    } while (kvp__now_ns() < dl);
+    return st.reservations_active;
+}
+
+/* Fault: two shards, one slow (its process stopped with SIGSTOP).  Slow
+ * within the control timeout: the push waits for it, goes to both shards,
+ * and the request loads once both events are in.  Slower than the timeout:
+ * the push fails with a retryable error, the producer cancels with abandon
+ * and the fast shard is left holding nothing; the slow shard, once it runs
+ * again, frees what it reserved by its lease. */
+TEST(test_ec_fault_two_shards_one_slow)
+{
+    uint16_t base = free_ports(2);
+    cons_t c;
+    cons_start(&c, base, 2, 0, 16 << 20, NULL);
+    shard_proc_t slow;
+    shard_proc_start(&slow, base, 2, 1, 1500);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 2, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 1200);
+    one_t po, co;
+    /* slow, within the timeout: 400 ms stopped */
+    one(&po, "r1", "HS1", "TS1", c.addr);
+    one(&co, "r1", "HS1", "TS1", NULL);
+    ASSERT_EQ(kill(slow.pid, SIGSTOP), 0);
+    cont_t ct = {slow.pid, 400};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cont_after, &ct), 0);
+    uint64_t t0 = kvp__now_ns();
+    produce(&p, &po);
+    uint64_t took_ms = (kvp__now_ns() - t0) / 1000000u;
+    pthread_join(th, NULL);
+    ASSERT_EQ(atomic_load(&p.pushes.ok), 1);
+    ASSERT_EQ(atomic_load(&p.pushes.written), 2); /* both shards */
+    ASSERT_GE(took_ms, 300);                      /* it did wait for the slow one */
+    cache_t cache = {0};
+    kvp_ec_worker_t *ws[1] = {c.w};
+    ASSERT(consume(&cs, ws, 1, &cache, &co)); /* needs the events of both shards */
+    check_bytes(&cache, "HS1");
+    cache_free(&cache);
+    /* slower than the control timeout: 3 s stopped */
+    one(&po, "r2", "HS2", "TS2", c.addr);
+    ASSERT_EQ(kill(slow.pid, SIGSTOP), 0);
+    ct.ms = 3000;
+    ASSERT_EQ(pthread_create(&th, NULL, cont_after, &ct), 0);
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 2);
+    ASSERT(p.pushes.last != KVP_OK);
+    ASSERT(p.pushes.retryable);
+    ASSERT_EQ(wait_active(c.w, 0), 0); /* the fast shard's reservation was abandoned */
+    kvp_ec_worker_stats_t pst;
+    stats(p.w, &pst);
+    ASSERT_EQ(pst.pushes_pending, 0);
+    ASSERT_EQ(pst.pushes_retryable, 1);
+    pthread_join(th, NULL);
+    /* the slow shard, running again, holds nothing for TS2 by its lease
+     * (a cancel that reached it, or expiry) */
+    char addr1[64];
+    snprintf(addr1, sizeof addr1, "tcp://127.0.0.1:%u", (unsigned)(base + 1));
+    rc_t q;
+    rc_open(&q, addr1);
+    bool gone = false;
+    uint64_t dl = kvp__now_ns() + 8000000000ull;
+    while (!gone && kvp__now_ns() < dl) {
+        gone = strstr(rc(&q, "{\"op\":\"status\",\"transfer_id\":\"TS2\"}"), "\"result\":null") != NULL;
+        if (!gone)
+            usleep(50000);
+    }
+    ASSERT(gone);
+    rc_close(&q);
+    prod_stop(&p);
+    sched_stop(&cs);
+    shard_proc_stop(&slow);
+    kvp_ec_worker_destroy(c.w);
+}
+
 TEST(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest)
 {
     char *l1[] = {"A", "B"}, *l2[] = {"B", "C"}, *f1[] = {"X"}, *f2[] = {"Y"};
@@ -1089,5 +1273,5 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_producer_consumer_gone_retryable_failed_save),
-          T(test_ec_fault_consumer_restarted), T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
+          T(test_ec_fault_consumer_restarted), T(test_ec_fault_two_shards_one_slow), T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
           T(test_ec_worker_config_validation_scenario_46))
