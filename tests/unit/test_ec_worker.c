@@ -474,6 +474,16 @@ typedef struct {
     kvp_ec_sched_t *s;
 } sched_t;
 
+/* A scheduler's clock for the scenarios that wait out 300 s leases: NULL =
+ * the real one. */
+static kvp_ec_clock_t *g_clock;
+static int64_t g_fake_ms;
+static int64_t fake_now(void *ctx)
+{
+    (void)ctx;
+    return g_fake_ms;
+}
+
 static void sched_start_x(sched_t *x, bool producer, const char *control_addr, int tp, int64_t pool_size, bool cross)
 {
     memset(x, 0, sizeof *x);
@@ -492,7 +502,7 @@ static void sched_start_x(sched_t *x, bool producer, const char *control_addr, i
     kvp_ec_sched_params_t p;
     kvp_ec_sched_params_init(&p);
     p.config = &x->cfg;
-    p.clock = kvp_ec_clock_monotonic();
+    p.clock = g_clock ? *g_clock : kvp_ec_clock_monotonic();
     p.control = kvp_ec_zmq_control(x->z);
     p.executor = kvp_ec_zmq_executor(x->z);
     p.inbox = kvp_ec_zmq_inbox(x->z);
@@ -941,6 +951,372 @@ TEST(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup)
     kvp_pool_close(pool);
 }
 
+/* ---- scenarios 38-45 and 47 end to end (real sockets, workers, schedulers) ---- */
+
+static size_t wait_active(kvp_ec_worker_t *w, size_t want);
+
+typedef struct {
+    const char *tid;
+    int state; /* -1: no record */
+} find_t;
+
+static int find_cb(void *ctx, const kvp_ec_record_view_t *r)
+{
+    find_t *f = ctx;
+    if (strcmp(r->transfer_id, f->tid))
+        return 0;
+    f->state = (int)r->state;
+    return 1;
+}
+
+static int rec_state(const sched_t *x, const char *tid)
+{
+    find_t f = {tid, -1};
+    kvp_ec_sched_table_visit(x->s, find_cb, &f);
+    return f.state;
+}
+
+/* One scheduler step with no request of its own: build meta, run it through
+ * the worker, feed the worker meta back. */
+static void step(sched_t *x, kvp_ec_worker_t *w, cache_t *cache, const char *const *freed, size_t n_freed)
+{
+    kvp_ec_meta_t m;
+    ASSERT_OK(kvp_ec_sched_build_connector_meta(x->s, freed, n_freed, NULL, 0, &m));
+    kvp_ec_encoder_cache_t ci = cache_iface(cache);
+    ASSERT_OK(kvp_ec_worker_start_load_caches(w, &m, &ci));
+    kvp_ec_meta_cleanup(&m);
+    kvp_ec_worker_meta_t wm;
+    bool has;
+    ASSERT_OK(kvp_ec_worker_build_meta(w, &wm, &has));
+    ASSERT_OK(kvp_ec_sched_update_connector_output(x->s, &wm));
+    kvp_ec_worker_meta_cleanup(&wm);
+}
+
+/* Until the event of tid made it AVAILABLE (the inbox drained by
+ * has_cache_item; a fake clock moves 50 ms a try). */
+static void wait_available(sched_t *x, const char *hash, const char *tid)
+{
+    uint64_t dl = kvp__now_ns() + 5000000000ull;
+    bool has = false;
+    while (kvp__now_ns() < dl) {
+        ASSERT_OK(kvp_ec_sched_has_cache_item(x->s, hash, &has));
+        if (has && rec_state(x, tid) == KVP_EC_AVAILABLE)
+            return;
+        usleep(2000);
+        g_fake_ms += 50; /* drains are rate-limited on the scheduler's clock */
+    }
+    ASSERT_MSG(false, "%s never became AVAILABLE (state %d)", tid, rec_state(x, tid));
+}
+
+/* 38: AVAILABLE and never loaded for 300 s -> expired, and the remote
+ * cancel reaches the consumer's control server (its reservation ends);
+ * 300 s later the record is gone. */
+TEST(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end)
+{
+    kvp_ec_clock_t fc = {fake_now, NULL};
+    g_fake_ms = 1000000;
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    g_clock = &fc;
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    g_clock = NULL;
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po, co;
+    one(&po, "r38", "H38", "T38", c.addr);
+    one(&co, "r38", "H38", "T38", NULL);
+    bool ok;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ok)); /* waiting for T38 */
+    produce(&p, &po);
+    wait_available(&cs, "H38", "T38");
+    ASSERT_EQ(wait_active(c.w, 1), 1); /* READY at the consumer */
+    g_fake_ms += 300 * 1000 + 1;
+    bool has;
+    ASSERT_OK(kvp_ec_sched_has_cache_item(cs.s, "H38", &has)); /* the drain expires first */
+    ASSERT(!has);
+    /* the seed's state.py: expire makes it EXPIRED, and the scheduler's
+     * queued cancel (table.cancel) leaves a CANCELLED tombstone */
+    ASSERT_EQ(rec_state(&cs, "T38"), KVP_EC_CANCELLED);
+    ASSERT_EQ(wait_active(c.w, 0), 0); /* the remote cancel arrived */
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.cancels, 1);
+    ASSERT_EQ(st.takes, 0);
+    g_fake_ms += 300 * 1000 + 1;
+    ASSERT_OK(kvp_ec_sched_has_cache_item(cs.s, "H38", &has));
+    ASSERT_EQ(rec_state(&cs, "T38"), -1);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 39: the encoder cache frees H while READY -> RESIDENT; a new request
+ * needing H loads it by local hand-off from the consumer's receive pool
+ * (no second push), byte for byte. */
+TEST(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po, co, co2;
+    one(&po, "r39", "H39", "T39", c.addr);
+    one(&co, "r39", "H39", "T39", NULL);
+    produce(&p, &po);
+    cache_t cache = {0};
+    kvp_ec_worker_t *ws[1] = {c.w};
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    ASSERT_EQ(rec_state(&cs, "T39"), KVP_EC_READY);
+    /* the engine frees it */
+    cache_free(&cache);
+    ASSERT_OK(kvp_ec_sched_update_state_after_free(cs.s, &co.req, 0));
+    const char *freed[1] = {"H39"};
+    step(&cs, c.w, &cache, freed, 1);
+    ASSERT_EQ(rec_state(&cs, "T39"), KVP_EC_RESIDENT);
+    /* another request for H39, nothing pushed for it */
+    one(&co2, "r39b", "H39", "T39b", NULL);
+    ASSERT(consume(&cs, ws, 1, &cache, &co2));
+    check_bytes(&cache, "H39");
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.takes, 1);
+    ASSERT_EQ(atomic_load(&p.pushes.n), 1);
+    cache_free(&cache);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 47: while the producer worker reports pending_saves the scheduler has
+ * pending push work; once a meta reports none, it has not. */
+TEST(test_ec_s47_pending_saves_pending_push_work_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po;
+    one(&po, "r47", "H47", "T47", c.addr);
+    bool ok;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(p.s.s, &po.req, 0, &ok));
+    ASSERT_OK(kvp_ec_sched_update_state_after_alloc(p.s.s, &po.req, 0));
+    kvp_ec_meta_t m;
+    ASSERT_OK(kvp_ec_sched_build_connector_meta(p.s.s, NULL, 0, NULL, 0, &m));
+    cache_t none = {0};
+    kvp_ec_encoder_cache_t ci = cache_iface(&none);
+    ASSERT_OK(kvp_ec_worker_start_save_caches(p.w, &m, &ci));
+    kvp_ec_meta_cleanup(&m);
+    /* reserved, source not yet bound: the worker has a save pending */
+    kvp_ec_worker_meta_t wm;
+    bool has;
+    ASSERT_OK(kvp_ec_worker_build_meta(p.w, &wm, &has));
+    ASSERT(wm.pending_saves);
+    ASSERT_OK(kvp_ec_sched_update_connector_output(p.s.s, &wm));
+    kvp_ec_worker_meta_cleanup(&wm);
+    ASSERT(kvp_ec_sched_has_pending_push_work(p.s.s));
+    uint8_t *out = kvp__malloc(NBYTES);
+    fill(out, NBYTES, "H47");
+    int64_t shape[2] = {256, 1024};
+    kvp_ec_tensor_t t = {out, NBYTES, shape, 2, KVP_EC_DTYPE_BFLOAT16};
+    ASSERT_OK(kvp_ec_worker_save_caches(p.w, "H47", &t));
+    kvp__free(out, NBYTES);
+    uint64_t dl = kvp__now_ns() + 10000000000ull;
+    bool pending = true;
+    while (pending && kvp__now_ns() < dl) {
+        ASSERT_OK(kvp_ec_worker_build_meta(p.w, &wm, &has));
+        pending = wm.pending_saves;
+        ASSERT_OK(kvp_ec_sched_update_connector_output(p.s.s, &wm));
+        kvp_ec_worker_meta_cleanup(&wm);
+        ASSERT_EQ(kvp_ec_sched_has_pending_push_work(p.s.s), pending);
+        usleep(2000);
+    }
+    ASSERT(!pending);
+    ASSERT(!kvp_ec_sched_has_pending_push_work(p.s.s));
+    ASSERT_EQ(atomic_load(&p.pushes.ok), 1);
+    prod_stop(&p);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 43: a producer request without ec_items pushes under the fallback id
+ * "<request>:0" when consumer_zmq is set; the consumer holds a READY
+ * reservation under that id. */
+TEST(test_ec_s43_no_ec_items_fallback_transfer_id_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po;
+    one(&po, "r43", "H43", "unused", c.addr);
+    po.params.items = NULL;
+    po.params.n_items = 0;
+    ASSERT(kvp_ec_request_transfer_id(&po.req, 0) == NULL); /* unresolved: the fallback applies */
+    produce(&p, &po);
+    ASSERT_EQ(atomic_load(&p.pushes.ok), 1);
+    rc_t q;
+    rc_open(&q, c.addr);
+    const char *rep = rc(&q, "{\"op\":\"status\",\"transfer_id\":\"r43:0\"}");
+    ASSERT(strstr(rep, "\"mm_hash\":\"H43\""));
+    ASSERT(strstr(rep, "\"ready\":true"));
+    rc_close(&q);
+    prod_stop(&p);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 44: a consumer request whose ec_items carry no mm_hash is matched by
+ * position: the producer's push under that transfer id loads. */
+TEST(test_ec_s44_ec_items_without_mm_hash_matched_by_position_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po, co;
+    one(&po, "r44", "H44", "T44", c.addr);
+    one(&co, "r44", "H44", "T44", NULL);
+    co.item.mm_hash = NULL;
+    ASSERT_STR_EQ(kvp_ec_request_transfer_id(&co.req, 0), "T44");
+    produce(&p, &po);
+    cache_t cache = {0};
+    kvp_ec_worker_t *ws[1] = {c.w};
+    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    check_bytes(&cache, "H44");
+    cache_free(&cache);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 40: RESIDENT bytes above pool_size -> the oldest RESIDENT records expire
+ * (the scheduler's pool_size is two images here). */
+TEST(test_ec_s40_resident_over_pool_size_oldest_expire_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 2 * NBYTES);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    kvp_ec_worker_t *ws[1] = {c.w};
+    static const char *const hs[3] = {"H40a", "H40b", "H40c"}, *const ts[3] = {"T40a", "T40b", "T40c"};
+    for (int i = 0; i < 3; i++) {
+        one_t po, co;
+        char rid[8];
+        snprintf(rid, sizeof rid, "r40%d", i);
+        one(&po, rid, hs[i], ts[i], c.addr);
+        one(&co, rid, hs[i], ts[i], NULL);
+        produce(&p, &po);
+        cache_t cache = {0};
+        ASSERT(consume(&cs, ws, 1, &cache, &co));
+        cache_free(&cache);
+        ASSERT_OK(kvp_ec_sched_update_state_after_free(cs.s, &co.req, 0));
+        const char *freed[1] = {hs[i]};
+        step(&cs, c.w, &cache, freed, 1);
+        bool has;
+        ASSERT_OK(kvp_ec_sched_has_cache_item(cs.s, hs[i], &has));
+    }
+    /* the seed's state.py: EXPIRED, then as an orphan (expired from READY or
+     * RESIDENT) cancelled by the scheduler: a CANCELLED tombstone */
+    ASSERT_EQ(rec_state(&cs, "T40a"), KVP_EC_CANCELLED);
+    ASSERT_EQ(rec_state(&cs, "T40b"), KVP_EC_RESIDENT);
+    ASSERT_EQ(rec_state(&cs, "T40c"), KVP_EC_RESIDENT);
+    ASSERT_EQ(kvp_ec_sched_resident_bytes(cs.s), 2 * NBYTES);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 41: the worker fails the load (the consumer's reservation was abandoned
+ * after the event) -> failed_loads={H} -> FAILED; finishing the request
+ * then cancels nothing: no request reaches the control server. */
+TEST(test_ec_s41_failed_load_failed_then_cancel_sends_nothing_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po, co;
+    one(&po, "r41", "H41", "T41", c.addr);
+    one(&co, "r41", "H41", "T41", NULL);
+    bool ready;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready));
+    produce(&p, &po);
+    wait_available(&cs, "H41", "T41");
+    rc_t q;
+    rc_open(&q, c.addr);
+    ASSERT(strstr(rc(&q, "{\"op\":\"cancel\",\"transfer_id\":\"T41\",\"abandon\":true}"), "\"cancelled\":true"));
+    rc_close(&q);
+    cache_t cache = {0};
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready)); /* begin_load */
+    ASSERT(!ready);
+    step(&cs, c.w, &cache, NULL, 0); /* the load fails: failed_loads={H41} */
+    ASSERT_EQ(rec_state(&cs, "T41"), KVP_EC_FAILED);
+    ASSERT_EQ(cache.n, 0);
+    kvp_ec_worker_stats_t st0, st1;
+    stats(c.w, &st0);
+    ASSERT_EQ(st0.takes_failed, 1);
+    kvp_ec_finished_t fin;
+    ASSERT_OK(kvp_ec_sched_request_finished(cs.s, &co.req, &fin));
+    kvp_ec_finished_cleanup(&fin);
+    usleep(300000); /* a remote cancel, were one queued, runs on the executor by now */
+    stats(c.w, &st1);
+    ASSERT_EQ(st1.control_requests, st0.control_requests);
+    ASSERT_EQ(rec_state(&cs, "T41"), KVP_EC_FAILED);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* 45: request_finished on the producer gives (False, {identifier:
+ * {metadata, transfer_id}}); on the consumer (False, None) and its
+ * unfinished transfer is cancelled at the consumer's control server. */
+TEST(test_ec_s45_request_finished_producer_items_consumer_cancels_end_to_end)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_t cs;
+    sched_start(&cs, false, c.addr, 1, 16 << 20);
+    prod_t p;
+    prod_start(&p, c.addr, NULL, 2000);
+    one_t po, co;
+    one(&po, "r45", "H45", "T45", c.addr);
+    one(&co, "r45", "H45", "T45", NULL);
+    produce(&p, &po);
+    kvp_ec_finished_t fin;
+    ASSERT_OK(kvp_ec_sched_request_finished(p.s.s, &po.req, &fin));
+    ASSERT(!fin.delay_free);
+    ASSERT(fin.has_items);
+    ASSERT_EQ(fin.n_items, 1);
+    ASSERT_STR_EQ(fin.items[0].identifier, "H45");
+    ASSERT_STR_EQ(fin.items[0].modality, "image");
+    ASSERT_EQ(fin.items[0].length, 256);
+    ASSERT_STR_EQ(fin.items[0].transfer_id, "T45");
+    kvp_ec_finished_cleanup(&fin);
+    /* the consumer: its request waits on T45, pushed and READY there */
+    bool ready;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready));
+    ASSERT_EQ(wait_active(c.w, 1), 1);
+    ASSERT_OK(kvp_ec_sched_request_finished(cs.s, &co.req, &fin));
+    ASSERT(!fin.delay_free);
+    ASSERT(!fin.has_items);
+    kvp_ec_finished_cleanup(&fin);
+    ASSERT_EQ(wait_active(c.w, 0), 0); /* the remote cancel ended the reservation */
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.cancels, 1);
+    ASSERT_EQ(st.takes, 0);
+    prod_stop(&p);
+    sched_stop(&cs);
+    kvp_ec_worker_destroy(c.w);
+}
+
 TEST(test_ec_producer_consumer_gone_retryable_failed_save)
 {
     char addr[64];
@@ -1272,6 +1648,14 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
+          T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
+          T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
+          T(test_ec_s47_pending_saves_pending_push_work_end_to_end),
+          T(test_ec_s40_resident_over_pool_size_oldest_expire_end_to_end),
+          T(test_ec_s41_failed_load_failed_then_cancel_sends_nothing_end_to_end),
+          T(test_ec_s45_request_finished_producer_items_consumer_cancels_end_to_end),
+          T(test_ec_s43_no_ec_items_fallback_transfer_id_end_to_end),
+          T(test_ec_s44_ec_items_without_mm_hash_matched_by_position_end_to_end),
           T(test_ec_producer_consumer_gone_retryable_failed_save),
           T(test_ec_fault_consumer_restarted), T(test_ec_fault_two_shards_one_slow), T(test_ec_worker_meta_aggregate_intersects_loaded_unites_rest),
           T(test_ec_worker_config_validation_scenario_46))
