@@ -1317,6 +1317,110 @@ TEST(test_ec_s45_request_finished_producer_items_consumer_cancels_end_to_end)
     kvp_ec_worker_destroy(c.w);
 }
 
+/* A hostile shard for 42: a bare ZeroMQ ROUTER that answers peers and
+ * event_port like a control server and a PUSH that sends what it is given,
+ * malformed or not (a misbehaving peer, not a stand-in for our server). */
+typedef struct {
+    uint16_t port;
+    const char *const *events;
+    size_t n_events;
+    atomic_bool quit;
+    atomic_int sent;
+} hostile_t;
+
+static void *hostile_main(void *arg)
+{
+    hostile_t *h = arg;
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER), *push = zmq_socket(ctx, ZMQ_PUSH);
+    int zero = 0, tmo = 5000;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(push, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(push, ZMQ_SNDTIMEO, &tmo, sizeof tmo);
+    char ep[64], last[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)h->port);
+    ASSERT_EQ(zmq_bind(router, ep), 0);
+    ASSERT_EQ(zmq_bind(push, "tcp://127.0.0.1:*"), 0);
+    size_t ll = sizeof last;
+    ASSERT_EQ(zmq_getsockopt(push, ZMQ_LAST_ENDPOINT, last, &ll), 0);
+    unsigned eport = (unsigned)atoi(strrchr(last, ':') + 1);
+    bool events_out = false;
+    while (!atomic_load(&h->quit)) {
+        zmq_pollitem_t it = {router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 20) > 0) {
+            char id[256], req[1024], rep[128];
+            int idn = zmq_recv(router, id, sizeof id, 0);
+            zmq_recv(router, req, 0, 0); /* the empty delimiter */
+            int n = zmq_recv(router, req, sizeof req - 1, 0);
+            req[n > 0 ? n : 0] = 0;
+            if (strstr(req, "\"peers\""))
+                snprintf(rep, sizeof rep, "{\"ok\":true,\"result\":{\"ports\":[%u]}}", (unsigned)h->port);
+            else if (strstr(req, "\"event_port\""))
+                snprintf(rep, sizeof rep, "{\"ok\":true,\"result\":%u}", eport);
+            else
+                snprintf(rep, sizeof rep, "{\"ok\":true,\"result\":null}");
+            zmq_send(router, id, (size_t)idn, ZMQ_SNDMORE);
+            zmq_send(router, "", 0, ZMQ_SNDMORE);
+            zmq_send(router, rep, strlen(rep), 0);
+        }
+        if (!events_out && strstr(last, "tcp://")) {
+            /* PUSH waits for the inbox to connect (up to SNDTIMEO) */
+            for (size_t i = 0; i < h->n_events; i++)
+                if (zmq_send(push, h->events[i], strlen(h->events[i]), ZMQ_DONTWAIT) >= 0)
+                    atomic_fetch_add(&h->sent, 1);
+            events_out = atomic_load(&h->sent) == (int)h->n_events;
+            if (!events_out)
+                atomic_store(&h->sent, 0); /* no peer yet: all again next pass */
+        }
+    }
+    zmq_close(router);
+    zmq_close(push);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* 42: a malformed readiness event (no nbytes) on the real event channel is
+ * dropped with a warning; the other event of the same drain still makes its
+ * transfer AVAILABLE. */
+TEST(test_ec_s42_malformed_event_dropped_others_processed_end_to_end)
+{
+    uint16_t port = free_ports(1);
+    char e0[256], e1[256]; /* "shard" is the shard's control port, as our server sends it */
+    snprintf(e0, sizeof e0,
+             "{\"transfer_id\":\"T42a\",\"mm_hash\":\"H42a\",\"ready\":true,\"reservation_id\":\"x\","
+             "\"shape\":[256,1024],\"dtype\":\"bfloat16\",\"shard\":%u}",
+             (unsigned)port);
+    snprintf(e1, sizeof e1,
+             "{\"transfer_id\":\"T42b\",\"mm_hash\":\"H42b\",\"ready\":true,\"reservation_id\":\"y\","
+             "\"nbytes\":524288,\"shape\":[256,1024],\"dtype\":\"bfloat16\",\"shard\":%u}",
+             (unsigned)port);
+    const char *const evs[] = {e0, e1};
+    hostile_t h = {.port = port, .events = evs, .n_events = 2};
+    atomic_init(&h.quit, false);
+    atomic_init(&h.sent, 0);
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, hostile_main, &h), 0);
+    char addr[64];
+    snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", (unsigned)h.port);
+    sched_t cs;
+    sched_start(&cs, false, addr, 1, 16 << 20);
+    one_t a, b;
+    one(&a, "r42a", "H42a", "T42a", NULL);
+    one(&b, "r42b", "H42b", "T42b", NULL);
+    bool ready;
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &a.req, 0, &ready));
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &b.req, 0, &ready));
+    wait_available(&cs, "H42b", "T42b");
+    ASSERT_EQ(atomic_load(&h.sent), 2);
+    ASSERT_EQ(rec_state(&cs, "T42a"), KVP_EC_WAITING_EVENT); /* its event counted for nothing */
+    bool has;
+    ASSERT_OK(kvp_ec_sched_has_cache_item(cs.s, "H42a", &has));
+    ASSERT(!has);
+    atomic_store(&h.quit, true);
+    pthread_join(th, NULL);
+    sched_stop(&cs);
+}
+
 TEST(test_ec_producer_consumer_gone_retryable_failed_save)
 {
     char addr[64];
@@ -1651,6 +1755,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
           T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
           T(test_ec_s47_pending_saves_pending_push_work_end_to_end),
+          T(test_ec_s42_malformed_event_dropped_others_processed_end_to_end),
           T(test_ec_s40_resident_over_pool_size_oldest_expire_end_to_end),
           T(test_ec_s41_failed_load_failed_then_cancel_sends_nothing_end_to_end),
           T(test_ec_s45_request_finished_producer_items_consumer_cancels_end_to_end),
