@@ -46,7 +46,9 @@ static uint16_t free_ports(int n)
     if (!seed)
         seed = (unsigned)getpid() * 2654435761u;
     for (int tries = 0; tries < 1000; tries++) {
-        uint16_t base = (uint16_t)(20000 + (rand_r(&seed) % 30000));
+        /* below the kernel's ephemeral range (32768..60999 by default), so
+         * that no connect() or bind(:0) takes it between here and the bind */
+        uint16_t base = (uint16_t)(12000 + (rand_r(&seed) % 20000));
         int ok = 1;
         for (int i = 0; i < n && ok; i++)
             ok = port_free((uint16_t)(base + i));
@@ -955,6 +957,32 @@ TEST(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup)
 
 static size_t wait_active(kvp_ec_worker_t *w, size_t want);
 
+/* A consumer (worker and scheduler, pool_size of the scheduler given), a
+ * producer, and one request's two views (po on the producer, co on the
+ * consumer). */
+typedef struct {
+    cons_t c;
+    sched_t cs;
+    prod_t p;
+    one_t po, co;
+} e2e_t;
+
+static void e2e_start(e2e_t *e, int64_t sched_pool_size, const char *rid, const char *hash, const char *tid)
+{
+    cons_start(&e->c, free_ports(1), 1, 0, 16 << 20, NULL);
+    sched_start(&e->cs, false, e->c.addr, 1, sched_pool_size);
+    prod_start(&e->p, e->c.addr, NULL, 2000);
+    one(&e->po, rid, hash, tid, e->c.addr);
+    one(&e->co, rid, hash, tid, NULL);
+}
+
+static void e2e_stop(e2e_t *e)
+{
+    prod_stop(&e->p);
+    sched_stop(&e->cs);
+    kvp_ec_worker_destroy(e->c.w);
+}
+
 typedef struct {
     const char *tid;
     int state; /* -1: no record */
@@ -1056,38 +1084,30 @@ TEST(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end)
  * (no second push), byte for byte. */
 TEST(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end)
 {
-    cons_t c;
-    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
-    sched_t cs;
-    sched_start(&cs, false, c.addr, 1, 16 << 20);
-    prod_t p;
-    prod_start(&p, c.addr, NULL, 2000);
-    one_t po, co, co2;
-    one(&po, "r39", "H39", "T39", c.addr);
-    one(&co, "r39", "H39", "T39", NULL);
-    produce(&p, &po);
+    e2e_t e;
+    e2e_start(&e, 16 << 20, "r39", "H39", "T39");
+    one_t co2;
+    produce(&e.p, &e.po);
     cache_t cache = {0};
-    kvp_ec_worker_t *ws[1] = {c.w};
-    ASSERT(consume(&cs, ws, 1, &cache, &co));
-    ASSERT_EQ(rec_state(&cs, "T39"), KVP_EC_READY);
+    kvp_ec_worker_t *ws[1] = {e.c.w};
+    ASSERT(consume(&e.cs, ws, 1, &cache, &e.co));
+    ASSERT_EQ(rec_state(&e.cs, "T39"), KVP_EC_READY);
     /* the engine frees it */
     cache_free(&cache);
-    ASSERT_OK(kvp_ec_sched_update_state_after_free(cs.s, &co.req, 0));
+    ASSERT_OK(kvp_ec_sched_update_state_after_free(e.cs.s, &e.co.req, 0));
     const char *freed[1] = {"H39"};
-    step(&cs, c.w, &cache, freed, 1);
-    ASSERT_EQ(rec_state(&cs, "T39"), KVP_EC_RESIDENT);
+    step(&e.cs, e.c.w, &cache, freed, 1);
+    ASSERT_EQ(rec_state(&e.cs, "T39"), KVP_EC_RESIDENT);
     /* another request for H39, nothing pushed for it */
     one(&co2, "r39b", "H39", "T39b", NULL);
-    ASSERT(consume(&cs, ws, 1, &cache, &co2));
+    ASSERT(consume(&e.cs, ws, 1, &cache, &co2));
     check_bytes(&cache, "H39");
     kvp_ec_worker_stats_t st;
-    stats(c.w, &st);
+    stats(e.c.w, &st);
     ASSERT_EQ(st.takes, 1);
-    ASSERT_EQ(atomic_load(&p.pushes.n), 1);
+    ASSERT_EQ(atomic_load(&e.p.pushes.n), 1);
     cache_free(&cache);
-    prod_stop(&p);
-    sched_stop(&cs);
-    kvp_ec_worker_destroy(c.w);
+    e2e_stop(&e);
 }
 
 /* 47: while the producer worker reports pending_saves the scheduler has
@@ -1170,26 +1190,17 @@ TEST(test_ec_s43_no_ec_items_fallback_transfer_id_end_to_end)
  * position: the producer's push under that transfer id loads. */
 TEST(test_ec_s44_ec_items_without_mm_hash_matched_by_position_end_to_end)
 {
-    cons_t c;
-    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
-    sched_t cs;
-    sched_start(&cs, false, c.addr, 1, 16 << 20);
-    prod_t p;
-    prod_start(&p, c.addr, NULL, 2000);
-    one_t po, co;
-    one(&po, "r44", "H44", "T44", c.addr);
-    one(&co, "r44", "H44", "T44", NULL);
-    co.item.mm_hash = NULL;
-    ASSERT_STR_EQ(kvp_ec_request_transfer_id(&co.req, 0), "T44");
-    produce(&p, &po);
+    e2e_t e;
+    e2e_start(&e, 16 << 20, "r44", "H44", "T44");
+    e.co.item.mm_hash = NULL;
+    ASSERT_STR_EQ(kvp_ec_request_transfer_id(&e.co.req, 0), "T44");
+    produce(&e.p, &e.po);
     cache_t cache = {0};
-    kvp_ec_worker_t *ws[1] = {c.w};
-    ASSERT(consume(&cs, ws, 1, &cache, &co));
+    kvp_ec_worker_t *ws[1] = {e.c.w};
+    ASSERT(consume(&e.cs, ws, 1, &cache, &e.co));
     check_bytes(&cache, "H44");
     cache_free(&cache);
-    prod_stop(&p);
-    sched_stop(&cs);
-    kvp_ec_worker_destroy(c.w);
+    e2e_stop(&e);
 }
 
 /* 40: RESIDENT bytes above pool_size -> the oldest RESIDENT records expire
@@ -1236,42 +1247,33 @@ TEST(test_ec_s40_resident_over_pool_size_oldest_expire_end_to_end)
  * then cancels nothing: no request reaches the control server. */
 TEST(test_ec_s41_failed_load_failed_then_cancel_sends_nothing_end_to_end)
 {
-    cons_t c;
-    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
-    sched_t cs;
-    sched_start(&cs, false, c.addr, 1, 16 << 20);
-    prod_t p;
-    prod_start(&p, c.addr, NULL, 2000);
-    one_t po, co;
-    one(&po, "r41", "H41", "T41", c.addr);
-    one(&co, "r41", "H41", "T41", NULL);
+    e2e_t e;
+    e2e_start(&e, 16 << 20, "r41", "H41", "T41");
     bool ready;
-    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready));
-    produce(&p, &po);
-    wait_available(&cs, "H41", "T41");
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(e.cs.s, &e.co.req, 0, &ready));
+    produce(&e.p, &e.po);
+    wait_available(&e.cs, "H41", "T41");
     rc_t q;
-    rc_open(&q, c.addr);
+    rc_open(&q, e.c.addr);
     ASSERT(strstr(rc(&q, "{\"op\":\"cancel\",\"transfer_id\":\"T41\",\"abandon\":true}"), "\"cancelled\":true"));
     rc_close(&q);
     cache_t cache = {0};
-    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready)); /* begin_load */
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(e.cs.s, &e.co.req, 0, &ready)); /* begin_load */
     ASSERT(!ready);
-    step(&cs, c.w, &cache, NULL, 0); /* the load fails: failed_loads={H41} */
-    ASSERT_EQ(rec_state(&cs, "T41"), KVP_EC_FAILED);
+    step(&e.cs, e.c.w, &cache, NULL, 0); /* the load fails: failed_loads={H41} */
+    ASSERT_EQ(rec_state(&e.cs, "T41"), KVP_EC_FAILED);
     ASSERT_EQ(cache.n, 0);
     kvp_ec_worker_stats_t st0, st1;
-    stats(c.w, &st0);
+    stats(e.c.w, &st0);
     ASSERT_EQ(st0.takes_failed, 1);
     kvp_ec_finished_t fin;
-    ASSERT_OK(kvp_ec_sched_request_finished(cs.s, &co.req, &fin));
+    ASSERT_OK(kvp_ec_sched_request_finished(e.cs.s, &e.co.req, &fin));
     kvp_ec_finished_cleanup(&fin);
     usleep(300000); /* a remote cancel, were one queued, runs on the executor by now */
-    stats(c.w, &st1);
+    stats(e.c.w, &st1);
     ASSERT_EQ(st1.control_requests, st0.control_requests);
-    ASSERT_EQ(rec_state(&cs, "T41"), KVP_EC_FAILED);
-    prod_stop(&p);
-    sched_stop(&cs);
-    kvp_ec_worker_destroy(c.w);
+    ASSERT_EQ(rec_state(&e.cs, "T41"), KVP_EC_FAILED);
+    e2e_stop(&e);
 }
 
 /* 45: request_finished on the producer gives (False, {identifier:
@@ -1279,18 +1281,11 @@ TEST(test_ec_s41_failed_load_failed_then_cancel_sends_nothing_end_to_end)
  * unfinished transfer is cancelled at the consumer's control server. */
 TEST(test_ec_s45_request_finished_producer_items_consumer_cancels_end_to_end)
 {
-    cons_t c;
-    cons_start(&c, free_ports(1), 1, 0, 16 << 20, NULL);
-    sched_t cs;
-    sched_start(&cs, false, c.addr, 1, 16 << 20);
-    prod_t p;
-    prod_start(&p, c.addr, NULL, 2000);
-    one_t po, co;
-    one(&po, "r45", "H45", "T45", c.addr);
-    one(&co, "r45", "H45", "T45", NULL);
-    produce(&p, &po);
+    e2e_t e;
+    e2e_start(&e, 16 << 20, "r45", "H45", "T45");
+    produce(&e.p, &e.po);
     kvp_ec_finished_t fin;
-    ASSERT_OK(kvp_ec_sched_request_finished(p.s.s, &po.req, &fin));
+    ASSERT_OK(kvp_ec_sched_request_finished(e.p.s.s, &e.po.req, &fin));
     ASSERT(!fin.delay_free);
     ASSERT(fin.has_items);
     ASSERT_EQ(fin.n_items, 1);
@@ -1301,20 +1296,18 @@ TEST(test_ec_s45_request_finished_producer_items_consumer_cancels_end_to_end)
     kvp_ec_finished_cleanup(&fin);
     /* the consumer: its request waits on T45, pushed and READY there */
     bool ready;
-    ASSERT_OK(kvp_ec_sched_ensure_cache_available(cs.s, &co.req, 0, &ready));
-    ASSERT_EQ(wait_active(c.w, 1), 1);
-    ASSERT_OK(kvp_ec_sched_request_finished(cs.s, &co.req, &fin));
+    ASSERT_OK(kvp_ec_sched_ensure_cache_available(e.cs.s, &e.co.req, 0, &ready));
+    ASSERT_EQ(wait_active(e.c.w, 1), 1);
+    ASSERT_OK(kvp_ec_sched_request_finished(e.cs.s, &e.co.req, &fin));
     ASSERT(!fin.delay_free);
     ASSERT(!fin.has_items);
     kvp_ec_finished_cleanup(&fin);
-    ASSERT_EQ(wait_active(c.w, 0), 0); /* the remote cancel ended the reservation */
+    ASSERT_EQ(wait_active(e.c.w, 0), 0); /* the remote cancel ended the reservation */
     kvp_ec_worker_stats_t st;
-    stats(c.w, &st);
+    stats(e.c.w, &st);
     ASSERT_EQ(st.cancels, 1);
     ASSERT_EQ(st.takes, 0);
-    prod_stop(&p);
-    sched_stop(&cs);
-    kvp_ec_worker_destroy(c.w);
+    e2e_stop(&e);
 }
 
 /* A hostile shard for 42: a bare ZeroMQ ROUTER that answers peers and
