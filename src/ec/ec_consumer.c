@@ -68,6 +68,9 @@ kvp_status_t kvp__ec_consumer_start(kvp_ec_worker_t *w, const kvp_ec_worker_para
                                                        : KVP__EC_PATH_TCP | KVP__EC_PATH_UCX;
     kvp__ec_push_rx_params_t xp = {
         .host = bind_host,
+        /* producers reach this host (the control address's): a data port
+         * bound to every interface must not advertise 0.0.0.0 */
+        .advertise_host = strcmp(bind_host, host) ? host : NULL,
         .port = 0,
         .slab = NULL,
         .slab_size = w->slab_size,

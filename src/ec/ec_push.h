@@ -61,9 +61,11 @@ typedef struct kvp__ec_push_rx kvp__ec_push_rx_t;
 
 typedef struct kvp__ec_push_rx_params {
     /* The data port's bind address (IPv4 or name); required.  The session
-     * advertises the bound address: bind a specific one (0.0.0.0 would be
-     * advertised as such). */
+     * advertises advertise_host when given (the address producers reach:
+     * needed when binding 0.0.0.0; read during create), else the bound
+     * address. */
     const char *host;
+    const char *advertise_host;
     uint16_t port;         /* 0 = any */
     /* The receive slab (borrowed; outlives the receiver), or NULL: the
      * receiver allocates slab_size bytes itself (UCX shared memory where UCX

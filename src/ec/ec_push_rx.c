@@ -470,7 +470,8 @@ static kvp_status_t build_session(kvp__ec_push_rx_t *rx)
     if (!s)
         return KVP_ERR_NO_MEMORY;
     if (rx->p.paths & KVP__EC_PATH_TCP) {
-        snprintf(s->host, sizeof s->host, "%s", rx->host);
+        const char *adv = rx->p.advertise_host && rx->p.advertise_host[0] ? rx->p.advertise_host : rx->host;
+        snprintf(s->host, sizeof s->host, "%s", adv);
         s->port = rx->port;
     }
     s->base = (uint64_t)(uintptr_t)rx->slab;

@@ -578,6 +578,33 @@ TEST(test_ec_push_borrowed_slab_offers_tcp_only)
     ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
 }
 
+/* A data port bound to every interface advertises the address producers
+ * reach (advertise_host), not 0.0.0.0, and a write through it lands. */
+TEST(test_ec_push_any_interface_advertises_given_host)
+{
+    fix_t f;
+    memset(&f, 0, sizeof f);
+    pthread_mutex_init(&f.t.mu, NULL);
+    f.slab = calloc(1, SLAB);
+    kvp__ec_push_rx_params_t p = {.host = "0.0.0.0", .advertise_host = "127.0.0.1", .slab = f.slab,
+                                  .slab_size = SLAB, .paths = KVP__EC_PATH_TCP, .check = check, .check_ctx = &f.t};
+    ASSERT_OK(kvp__ec_push_rx_create(&p, &f.rx));
+    kvp__ec_session_t *s = calloc(1, sizeof *s);
+    ASSERT_OK(kvp__ec_session_decode(kvp__ec_push_rx_session(f.rx), s));
+    ASSERT_STR_EQ(s->host, "127.0.0.1");
+    ASSERT(s->port != 0);
+    free(s);
+    kvp__ec_push_tx_params_t tp = {.paths = KVP__EC_PATH_TCP, .timeout_ms = 5000};
+    ASSERT_OK(kvp__ec_push_tx_create(&tp, &f.tx));
+    table_add(&f.t, 4096, 4096, RID);
+    uint8_t *src = pattern(4096, 3);
+    ASSERT_OK(kvp__ec_push_tx_write(f.tx, kvp__ec_push_rx_session(f.rx), RID, (uint64_t)(uintptr_t)f.slab + 4096,
+                                    src, 4096, NULL));
+    ASSERT_MEM_EQ(f.slab + 4096, src, 4096);
+    free(src);
+    fix_fini(&f);
+}
+
 TEST(test_ec_push_producer_times_out_on_silent_receiver)
 {
     /* a listener that accepts (the kernel does) but never reads or answers */
@@ -695,6 +722,6 @@ TEST_LIST(T(test_ec_push_tcp_write_lands_byte_exact), T(test_ec_push_refused_ran
           T(test_ec_push_hostile_garbage_header_dropped_healthy_continues),
           T(test_ec_push_hostile_truncated_body_and_idle_dropped), T(test_ec_push_max_conns_cap),
           T(test_ec_push_concurrent_writers_4_threads), T(test_ec_push_ucx_rma_write_lands_byte_exact),
-          T(test_ec_push_ucx_emulated_put_progressed_by_receiver), T(test_ec_push_borrowed_slab_offers_tcp_only),
+          T(test_ec_push_ucx_emulated_put_progressed_by_receiver), T(test_ec_push_borrowed_slab_offers_tcp_only), T(test_ec_push_any_interface_advertises_given_host),
           T(test_ec_push_producer_times_out_on_silent_receiver),
           T(test_ec_push_session_codec), T(test_ec_push_frame_codec))
