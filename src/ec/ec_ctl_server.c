@@ -50,6 +50,7 @@
 #define POLL_MS 100
 #define BATCH_PER_PASS 64
 #define MAX_FRAMES 4
+#define MAX_PARKED_BYTES (16u << 20) /* the bytes of the requests parked at once */
 
 typedef struct {
     char *p;
@@ -112,7 +113,7 @@ struct kvp__ec_ctl_server {
     size_t ev_head, ev_len;
     kvp__strmap_t lookups; /* mm_hash -> lookup_t in flight */
     kvp__list_t parked;    /* parked_t, oldest first */
-    size_t n_parked;
+    size_t n_parked, parked_bytes;
     lookup_t *want[KVP__EC_CTL_MAX_ITEMS]; /* the lookups one request waits on */
     size_t n_want;
 
@@ -457,6 +458,7 @@ static void parked_free(kvp__ec_ctl_server_t *s, parked_t *p)
 {
     kvp__list_del(&p->link);
     s->n_parked--;
+    s->parked_bytes -= p->len;
     atomic_store(&s->n_parked_now, s->n_parked);
     zmq_msg_close(&p->id);
     kvp__free(p->req, p->len ? p->len : 1);
@@ -467,6 +469,12 @@ static void parked_free(kvp__ec_ctl_server_t *s, parked_t *p)
  * s->want have reported.  false: out of memory (the caller serves it now). */
 static bool park(kvp__ec_ctl_server_t *s, zmq_msg_t *id, const void *req, size_t len, uint64_t peer)
 {
+    if (s->parked_bytes + len > MAX_PARKED_BYTES) {
+        atomic_fetch_add(&s->n_parked_over, 1);
+        kvp_warn_rl("ec control %u: %zu bytes of requests wait for the cross-encoder cache; this one goes without",
+                    (unsigned)s->port, s->parked_bytes);
+        return false;
+    }
     parked_t *p = kvp__calloc(1, sizeof *p);
     char *copy = kvp__malloc(len ? len : 1);
     bool ok = p && copy;
@@ -499,6 +507,7 @@ static bool park(kvp__ec_ctl_server_t *s, zmq_msg_t *id, const void *req, size_t
         s->want[i]->w[s->want[i]->n_w++] = p;
     kvp__list_add_tail(&s->parked, &p->link);
     s->n_parked++;
+    s->parked_bytes += len;
     atomic_store(&s->n_parked_now, s->n_parked);
     atomic_fetch_add(&s->n_parked_total, 1);
     return true;

@@ -43,8 +43,9 @@ typedef struct kvp__ec_ctl_server_params {
     /* Cross-encoder cache (NULL: none): a reserve naming an mm_hash the
      * resident set lacks waits, off the server's thread, for the lookups of
      * its hashes (ec_xcache.h) and is then served; requests behind it are
-     * served meanwhile.  At most max_parked requests wait at once (0 =
-     * 4096); beyond that a reserve is served without a lookup. */
+     * served meanwhile.  At most max_parked requests (0 = 4096) and 16 MiB
+     * of them wait at once; beyond that a reserve is served without
+     * waiting for its lookups (parked_over_cap). */
     kvp__ec_xcache_t *xcache;
     size_t max_parked;
 } kvp__ec_ctl_server_params_t;

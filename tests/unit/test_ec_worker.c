@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "kvpool/ec_connector.h"
 #include "kvpool/pool.h"
+#include "server/server.h"
 #include "test.h"
 
 /* ---- ports, raw clients ---- */
@@ -1552,6 +1553,18 @@ __attribute__((constructor)) static void shard_child(void)
     _exit(0);
 }
 
+/* ... and with KVP_TEST_POOL_SERVER="port_file" a kvpool server on
+ * 127.0.0.1 (any port, written to port_file) until SIGTERM. */
+__attribute__((constructor)) static void pool_server_child(void)
+{
+    const char *pf = getenv("KVP_TEST_POOL_SERVER");
+    if (!pf)
+        return;
+    kvp__server_params_t p = {.host = "127.0.0.1", .memory = 64u << 20, .put_timeout_ns = 5000000000ull,
+                              .port_file = pf, .no_prefault = 1};
+    _exit(kvp__server_run(&p) == KVP_OK ? 0 : 5);
+}
+
 typedef struct {
     pid_t pid;
     int in_fd; /* its stdin: closing it ends the shard */
@@ -1618,6 +1631,100 @@ static size_t wait_active(kvp_ec_worker_t *w, size_t want)
         usleep(5000);
     } while (kvp__now_ns() < dl);
     return st.reservations_active;
+}
+
+static pid_t pool_server_start(char *uri, size_t len)
+{
+    char pf[64], env[96];
+    snprintf(pf, sizeof pf, "/tmp/kvp-ec-pool-%d.port", (int)getpid());
+    unlink(pf);
+    snprintf(env, sizeof env, "KVP_TEST_POOL_SERVER=%s", pf);
+    char *envp[] = {env, "KVP_LOG_LEVEL=error", NULL};
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        execle("/proc/self/exe", "test_ec_worker", (char *)NULL, envp);
+        _exit(127);
+    }
+    unsigned port = 0;
+    for (int i = 0; i < 200 && !port; i++) {
+        FILE *f = fopen(pf, "r");
+        if (f) {
+            if (fscanf(f, "%u", &port) != 1)
+                port = 0;
+            fclose(f);
+        }
+        if (!port)
+            usleep(20000);
+    }
+    unlink(pf);
+    ASSERT(port > 0);
+    snprintf(uri, len, "kvpool://127.0.0.1:%u", port);
+    return pid;
+}
+
+/* A peer that can hold parked reserves against a stopped pool: 40 reserves
+ * of fresh hashes from 40 sockets while the cross-encoder cache's pool
+ * server is stopped (SIGSTOP) park for their lookups; meanwhile a healthy
+ * peer's request is served at once; every parked reserve is answered
+ * (write) once the lookups' deadline passes, nothing stays parked, the
+ * failure counts, and the reserves after it skip the pool (backoff) and are
+ * answered at once. */
+TEST(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held)
+{
+    char uri[64];
+    pid_t srv = pool_server_start(uri, sizeof uri);
+    kvp_pool_t *pool;
+    ASSERT_OK(kvp_pool_open(uri, &pool));
+    cons_opts_t o = {.pool = pool};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 64 << 20, &o);
+    ASSERT_EQ(kill(srv, SIGSTOP), 0);
+    enum { N = 40 };
+    rc_t *bad = calloc(N, sizeof *bad);
+    char buf[256];
+    for (int i = 0; i < N; i++) {
+        rc_open(&bad[i], c.addr);
+        char tid[16], hash[16];
+        snprintf(tid, sizeof tid, "TX%d", i);
+        snprintf(hash, sizeof hash, "HX%d", i);
+        snprintf(buf, sizeof buf, RESERVE_FMT, tid, hash);
+        ASSERT_EQ(zmq_send(bad[i].sock, buf, strlen(buf), 0), (int)strlen(buf));
+    }
+    usleep(100000);
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_GT(st.cross_cache_parked, 0); /* visible while they wait */
+    rc_t healthy;
+    rc_open(&healthy, c.addr);
+    uint64_t t0 = kvp__now_ns();
+    ASSERT(strstr(rc(&healthy, "{\"op\":\"status\",\"transfer_id\":\"TX0\"}"), "\"ok\":true"));
+    ASSERT_LT((kvp__now_ns() - t0) / 1000000u, 500); /* not behind the parked ones */
+    for (int i = 0; i < N; i++) {
+        int n = zmq_recv(bad[i].sock, bad[i].reply, sizeof bad[i].reply - 1, 0); /* RCVTIMEO 5 s */
+        ASSERT_GE(n, 0);
+        bad[i].reply[n] = 0;
+        ASSERT(strstr(bad[i].reply, "\"write\":true"));
+        rc_close(&bad[i]);
+    }
+    free(bad);
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_parked, 0);
+    ASSERT_GE(st.cross_cache_errors, 1);
+    ASSERT_EQ(st.cross_cache_hits, 0);
+    /* backing off: a reserve now does not wait for the stopped pool */
+    t0 = kvp__now_ns();
+    ASSERT(strstr(reserve(&healthy, "TY", "HY"), "\"write\":true"));
+    ASSERT_LT((kvp__now_ns() - t0) / 1000000u, 500);
+    stats(c.w, &st);
+    ASSERT_GE(st.cross_cache_skipped, 1);
+    rc_close(&healthy);
+    kvp_ec_worker_destroy(c.w);
+    kill(srv, SIGCONT);
+    kvp_pool_close(pool);
+    kill(srv, SIGTERM);
+    int status = 0;
+    ASSERT_EQ(waitpid(srv, &status, 0), srv);
 }
 
 /* Fault: two shards, one slow (its process stopped with SIGSTOP).  Slow
@@ -1745,6 +1852,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s34_no_push_within_wait_unavailable_once_end_to_end),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
+          T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
           T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
           T(test_ec_s47_pending_saves_pending_push_work_end_to_end),
