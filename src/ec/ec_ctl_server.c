@@ -195,13 +195,15 @@ static void lookup_done(void *token, bool hit)
     l->hit = hit;
     l->next_done = s->done_head;
     s->done_head = l;
-    s->lk_inflight--;
-    pthread_cond_broadcast(&s->lk_cv);
-    pthread_mutex_unlock(&s->lk_mu);
+    /* the wake-up goes before the count drops: destroy closes efd once
+     * the count is 0 */
     uint64_t one = 1;
     if (write(s->efd, &one, sizeof one) < 0) {
         /* the counter is saturated, so the loop is awake already */
     }
+    s->lk_inflight--;
+    pthread_cond_broadcast(&s->lk_cv);
+    pthread_mutex_unlock(&s->lk_mu);
 }
 
 static void lookup_free(lookup_t *l)
