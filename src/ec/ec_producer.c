@@ -44,6 +44,7 @@
 #include "common/clock.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "ec/ec_fanout.h"
 #include "ec/ec_worker_int.h"
 
 #define TERMINAL_LIMIT 65536u
@@ -97,6 +98,7 @@ typedef enum { J_RESERVE, J_PUSH, J_CANCEL, J_POOL_PUT } job_kind_t;
 /* The queues: control jobs and data jobs, each with its threads. */
 enum { Q_CONTROL, Q_DATA, Q_NUM };
 #define CONTROL_THREADS 2
+#define SHARD_THREADS 3 /* a reserve's other shards (the first runs on the caller) */
 
 static int queue_of(job_kind_t k) { return k == J_RESERVE || k == J_CANCEL ? Q_CONTROL : Q_DATA; }
 
@@ -130,6 +132,7 @@ struct kvp__ec_producer {
     kvp__ec_producer_params_t p;
     char *model;
     kvp__ec_client_t *client;
+    kvp__ec_fanout_t *fanout; /* the shards' reserves, at once */
     kvp__ec_push_tx_t *tx;
     pthread_mutex_t mu;
     bool stopping;
@@ -288,6 +291,60 @@ static void report(kvp__ec_producer_t *pr, rec_t *r)
 
 /* ---- network steps (mu NOT held; the job owns the record) ---- */
 
+/* One shard's reserve (a fanout task): sh[i] filled, st[i] its status. */
+typedef struct {
+    kvp__ec_producer_t *pr;
+    rec_t *r;
+    const char *const *addrs;
+    shard_t *sh;
+    kvp_status_t *st;
+    const char *req;
+    size_t len;
+} reserve_job_t;
+
+static void reserve_shard(void *ctx, size_t i)
+{
+    reserve_job_t *j = ctx;
+    shard_t *sh = &j->sh[i];
+    kvp_status_t st;
+    kvp__ec_reply_t rep;
+    kvp__ec_reply_init(&rep);
+    sh->addr = kvp__strdup(j->addrs[i]);
+    if (!sh->addr) {
+        st = KVP_ERR_NO_MEMORY;
+    } else if ((st = kvp__ec_client_request(j->pr->client, j->addrs[i], j->req, j->len, &rep)) == KVP_OK) {
+        kvp__ec_reserve_out_t o;
+        const char *session = NULL;
+        uint64_t ptr = 0;
+        st = kvp__ec_ctl_decode_reserve_result(rep.result, &o, &session, &ptr);
+        if (st == KVP_OK) {
+            memcpy(sh->rid, o.reservation_id, sizeof sh->rid);
+            sh->session = kvp__strdup(session ? session : "");
+            sh->dst_ptr = ptr;
+            sh->nbytes = o.nbytes;
+            sh->write = o.write;
+            sh->ready = o.ready;
+            sh->cached = o.cached;
+            sh->cancelled = o.cancelled;
+            sh->reserved = true;
+            sh->received_ns = kvp__now_ns();
+            if (!sh->session)
+                st = KVP_ERR_NO_MEMORY;
+        } else {
+            kvp_warn_rl("ec producer: malformed reserve reply from %s", j->addrs[i]);
+        }
+    } else if (st == KVP_ERR_REMOTE) {
+        kvp_warn_rl("ec producer: reserve of %s on %s refused: %s", j->r->tid, j->addrs[i],
+                    rep.error ? rep.error : "?");
+        if (rep.error && strstr(rep.error, "pool is full"))
+            st = KVP_ERR_NO_SPACE;
+    }
+    kvp__ec_reply_cleanup(&rep);
+    j->st[i] = st;
+}
+
+/* A reserve on every shard of the record's consumer, at once (the seed's
+ * fanout); the first failing shard's status, in shard order. */
 static kvp_status_t reserve_all(kvp__ec_producer_t *pr, rec_t *r, shard_t **shards_p, size_t *n_p)
 {
     const char *const *addrs = NULL;
@@ -300,49 +357,25 @@ static kvp_status_t reserve_all(kvp__ec_producer_t *pr, rec_t *r, shard_t **shar
         return st;
     }
     shard_t *sh = kvp__calloc(n, sizeof *sh);
-    if (!sh)
+    kvp_status_t *sts = kvp__calloc(n, sizeof *sts);
+    if (!sh || !sts) {
+        kvp__free(sh, sh ? n * sizeof *sh : 0);
+        kvp__free(sts, sts ? n * sizeof *sts : 0);
         return KVP_ERR_NO_MEMORY;
+    }
     kvp__jw_t b;
     kvp__jw_init(&b);
     const char *tid = r->tid, *hash = r->hash;
     kvp__ec_ctl_put_reserve(&b, &tid, &hash, &r->t, 1, false);
     st = b.oom ? KVP_ERR_NO_MEMORY : KVP_OK;
-    for (size_t i = 0; i < n && st == KVP_OK; i++) {
-        kvp__ec_reply_t rep;
-        kvp__ec_reply_init(&rep);
-        sh[i].addr = kvp__strdup(addrs[i]);
-        if (!sh[i].addr) {
-            st = KVP_ERR_NO_MEMORY;
-        } else if ((st = kvp__ec_client_request(pr->client, addrs[i], b.p, b.len, &rep)) == KVP_OK) {
-            kvp__ec_reserve_out_t o;
-            const char *session = NULL;
-            uint64_t ptr = 0;
-            st = kvp__ec_ctl_decode_reserve_result(rep.result, &o, &session, &ptr);
-            if (st == KVP_OK) {
-                memcpy(sh[i].rid, o.reservation_id, sizeof sh[i].rid);
-                sh[i].session = kvp__strdup(session ? session : "");
-                sh[i].dst_ptr = ptr;
-                sh[i].nbytes = o.nbytes;
-                sh[i].write = o.write;
-                sh[i].ready = o.ready;
-                sh[i].cached = o.cached;
-                sh[i].cancelled = o.cancelled;
-                sh[i].reserved = true;
-                sh[i].received_ns = kvp__now_ns();
-                if (!sh[i].session)
-                    st = KVP_ERR_NO_MEMORY;
-            } else {
-                kvp_warn_rl("ec producer: malformed reserve reply from %s", addrs[i]);
-            }
-        } else if (st == KVP_ERR_REMOTE) {
-            kvp_warn_rl("ec producer: reserve of %s on %s refused: %s", r->tid, addrs[i],
-                        rep.error ? rep.error : "?");
-            if (rep.error && strstr(rep.error, "pool is full"))
-                st = KVP_ERR_NO_SPACE;
-        }
-        kvp__ec_reply_cleanup(&rep);
+    if (st == KVP_OK) {
+        reserve_job_t j = {pr, r, addrs, sh, sts, b.p, b.len};
+        kvp__ec_fanout_run(pr->fanout, n, reserve_shard, &j);
+        for (size_t i = 0; i < n && st == KVP_OK; i++)
+            st = sts[i];
     }
     kvp__jw_cleanup(&b);
+    kvp__free(sts, n * sizeof *sts);
     *shards_p = sh;
     *n_p = n;
     return st;
@@ -622,6 +655,8 @@ kvp_status_t kvp__ec_producer_create(const kvp__ec_producer_params_t *p, kvp__ec
     kvp_status_t st = pr->model ? KVP_OK : KVP_ERR_NO_MEMORY;
     if (st == KVP_OK)
         st = kvp__ec_client_create(p->control_timeout_ms, &pr->client);
+    if (st == KVP_OK)
+        st = kvp__ec_fanout_create(SHARD_THREADS, &pr->fanout);
     kvp__ec_push_tx_params_t tp = {.paths = p->paths, .timeout_ms = p->control_timeout_ms};
     if (st == KVP_OK)
         st = kvp__ec_push_tx_create(&tp, &pr->tx);
@@ -675,6 +710,7 @@ void kvp__ec_producer_destroy(kvp__ec_producer_t *pr)
     kvp__strset_cleanup(&pr->cands);
     kvp__ec_names_cleanup(&pr->failed);
     kvp__ec_push_tx_destroy(pr->tx);
+    kvp__ec_fanout_destroy(pr->fanout);
     kvp__ec_client_destroy(pr->client);
     kvp__strfree(pr->model);
     pthread_mutex_destroy(&pr->mu);
