@@ -18,14 +18,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "commands.h"
 #include "common/alloc.h"
@@ -54,21 +52,6 @@ static void on_term(int sig)
     child_quit = 1;
 }
 
-static void *echo_main(void *arg)
-{
-    void *rep = arg;
-    char buf[65536];
-    while (!child_quit) {
-        zmq_pollitem_t it = {rep, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 100) <= 0)
-            continue;
-        int n = zmq_recv(rep, buf, sizeof buf, 0);
-        if (n >= 0)
-            zmq_send(rep, buf, (size_t)n > sizeof buf ? sizeof buf : (size_t)n, 0);
-    }
-    return NULL;
-}
-
 /* Writes "<control addr> <echo addr>\n" (or "error\n") to fd, then serves
  * until SIGTERM or the parent's end of `quit_fd` closes. */
 static int child_main(const opts_t *o, int fd, int quit_fd)
@@ -76,16 +59,11 @@ static int child_main(const opts_t *o, int fd, int quit_fd)
     signal(SIGTERM, on_term);
     kvp_pool_t *pool = NULL;
     kvp_ec_worker_t *w = NULL;
-    void *zctx = zmq_ctx_new(), *rep = zctx ? zmq_socket(zctx, ZMQ_REP) : NULL;
-    char line[512] = "error\n", echo[128];
-    size_t el = sizeof echo;
-    int zero = 0;
-    pthread_t th;
-    bool th_started = false;
+    kvp_tool_echo_t echo;
+    char line[512] = "error\n";
+    bool serving = false;
+    memset(&echo, 0, sizeof echo);
     if (o->pool_uri && kvp_pool_open(o->pool_uri, &pool) != KVP_OK)
-        goto report;
-    if (!rep || zmq_setsockopt(rep, ZMQ_LINGER, &zero, sizeof zero) || zmq_bind(rep, "tcp://127.0.0.1:*") ||
-        zmq_getsockopt(rep, ZMQ_LAST_ENDPOINT, echo, &el))
         goto report;
     for (int attempt = 0; attempt < 8 && !w; attempt++) {
         int base = kvp_tool_free_ports(1);
@@ -109,48 +87,28 @@ static int child_main(const opts_t *o, int fd, int quit_fd)
         if (kvp_ec_worker_create(&wp, &w) != KVP_OK)
             w = NULL;
     }
-    if (!w || pthread_create(&th, NULL, echo_main, rep))
+    if (!w || kvp_tool_echo_start(&echo) != 0)
         goto report;
-    th_started = true;
-    snprintf(line, sizeof line, "%s %s\n", kvp_ec_worker_control_addr(w), echo);
+    serving = true;
+    snprintf(line, sizeof line, "%s %s\n", kvp_ec_worker_control_addr(w), echo.addr);
 report:
     if (write(fd, line, strlen(line)) < 0)
         child_quit = 1;
     close(fd);
-    while (!child_quit && th_started) {
+    while (!child_quit && serving) {
         struct pollfd p = {quit_fd, POLLIN, 0};
         if (poll(&p, 1, 200) > 0)
             break; /* EOF: the parent is done */
     }
-    child_quit = 1;
-    if (th_started)
-        pthread_join(th, NULL);
+    kvp_tool_echo_stop(&echo);
     kvp_ec_worker_destroy(w);
-    if (rep)
-        zmq_close(rep);
-    if (zctx)
-        zmq_ctx_term(zctx);
     kvp_pool_close(pool);
-    return th_started ? 0 : 1;
+    return serving ? 0 : 1;
 }
 
 /* ---- the parent ---- */
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double p50_us(uint64_t *v, size_t n)
-{
-    if (!n)
-        return 0;
-    qsort(v, n, sizeof *v, cmp_u64);
-    return (double)v[n / 2] / 1e3;
-}
-
-static double p99_us(const uint64_t *v, size_t n) { return n ? (double)v[(n * 99) / 100] / 1e3 : 0; }
+static double q_us(uint64_t *v, size_t n, double q) { return (double)kvp_tool_quantile(v, n, q) / 1e3; }
 
 static void hash_name(char *buf, size_t len, const char *kind, uint64_t i)
 {
@@ -223,19 +181,14 @@ int kvp_bench_ec_reserve(int argc, char **argv)
     uint64_t *ping = kvp__calloc(total, sizeof *ping), *miss = kvp__calloc(total, sizeof *miss),
              *hit = kvp__calloc(total, sizeof *hit);
     kvp__rd_client_t *c = NULL;
-    void *zctx = NULL, *req = NULL;
+    kvp_tool_ping_t pinger;
+    bool pinging = false;
     size_t n_hit = 0, n_hit_cached = 0;
     if (sscanf(line, "%255s %255s", ctl, echo) != 2 || !strncmp(line, "error", 5)) {
         fprintf(stderr, "kvpool bench --ec-reserve: the consumer process did not start\n");
         goto out;
     }
     if (!ping || !miss || !hit || kvp__rd_client_create(5000, &c) != KVP_OK)
-        goto out;
-    zctx = zmq_ctx_new();
-    req = zctx ? zmq_socket(zctx, ZMQ_REQ) : NULL;
-    int zero = 0, tmo = 5000;
-    if (!req || zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof zero) ||
-        zmq_setsockopt(req, ZMQ_RCVTIMEO, &tmo, sizeof tmo) || zmq_connect(req, echo))
         goto out;
     /* The frame size of the echo: a reserve of this run's ids. */
     size_t frame = 0;
@@ -252,26 +205,16 @@ int kvp_bench_ec_reserve(int argc, char **argv)
             }
         }
     }
-    char *buf = kvp__calloc(1, frame + 64), *rb = kvp__malloc(frame + 64);
-    if (!buf || !rb) {
-        kvp__free(buf, buf ? frame + 64 : 0);
-        kvp__free(rb, rb ? frame + 64 : 0);
+    if (kvp_tool_ping_open(&pinger, echo, frame, 5000) != 0)
         goto out;
-    }
-    memset(buf, 'x', frame);
-    for (int i = 0; i < 50; i++)
-        if (zmq_send(req, buf, frame, 0) < 0 || zmq_recv(req, rb, frame + 64, 0) < 0)
-            break;
+    pinging = true;
     kvp_status_t st = KVP_OK;
+    for (int i = 0; i < 50 && st == KVP_OK; i++) /* warm-up */
+        st = kvp_tool_ping(&pinger) ? KVP_OK : KVP_ERR_IO;
     for (uint64_t r = 0; r < o.rounds && st == KVP_OK; r++) {
-        for (uint64_t k = 0; k < o.per_round; k++) {
-            uint64_t t0 = kvp__now_ns();
-            if (zmq_send(req, buf, frame, 0) < 0 || zmq_recv(req, rb, frame + 64, 0) < 0) {
+        for (uint64_t k = 0; k < o.per_round && st == KVP_OK; k++)
+            if (!(ping[r * o.per_round + k] = kvp_tool_ping(&pinger)))
                 st = KVP_ERR_IO;
-                break;
-            }
-            ping[r * o.per_round + k] = kvp__now_ns() - t0;
-        }
         for (uint64_t k = 0; k < o.per_round && st == KVP_OK; k++) {
             char tid[96], hash[96];
             bool cached = false;
@@ -292,14 +235,12 @@ int kvp_bench_ec_reserve(int argc, char **argv)
             n_hit_cached += cached;
         }
     }
-    kvp__free(buf, frame + 64);
-    kvp__free(rb, frame + 64);
     if (st != KVP_OK) {
         fprintf(stderr, "kvpool bench --ec-reserve: %s\n", kvp_status_str(st));
         goto out;
     }
-    double pg = p50_us(ping, total), pm = p50_us(miss, total), ph = p50_us(hit, n_hit);
-    double pg99 = p99_us(ping, total), pm99 = p99_us(miss, total);
+    double pg = q_us(ping, total, 0.5), pm = q_us(miss, total, 0.5), ph = q_us(hit, n_hit, 0.5);
+    double pg99 = q_us(ping, total, 0.99), pm99 = q_us(miss, total, 0.99);
     if (o.json) {
         printf("{\"rounds\":%" PRIu64 ",\"per_round\":%" PRIu64 ",\"size\":%" PRIu64 ",\"frame\":%zu,"
                "\"pool\":%s,\"zmq_rtt_us\":%.1f,\"zmq_rtt_p99_us\":%.1f,\"reserve_p50_us\":%.1f,"
@@ -317,10 +258,8 @@ int kvp_bench_ec_reserve(int argc, char **argv)
     }
     rc = 0;
 out:
-    if (req)
-        zmq_close(req);
-    if (zctx)
-        zmq_ctx_term(zctx);
+    if (pinging)
+        kvp_tool_ping_close(&pinger);
     kvp__rd_client_destroy(c);
     kvp__free(ping, total * sizeof *ping);
     kvp__free(miss, total * sizeof *miss);

@@ -44,7 +44,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "commands.h"
 #include "common/alloc.h"
@@ -95,11 +94,7 @@ struct node {
     uint64_t taken, verified, puts;
     pthread_mutex_t out_mu;
     /* the ZeroMQ echo (prefill) */
-    void *zctx, *rep;
-    pthread_t echo_th;
-    bool echo_started;
-    char echo_addr[64];
-    volatile int echo_quit;
+    kvp_tool_echo_t echo;
     /* the round-trip sampler during the workload (encoder) */
     pthread_t samp_th;
     bool samp_started;
@@ -414,75 +409,27 @@ static kvp_status_t tp_build_meta(void *ctx, kvp_ec_worker_meta_t *out, bool *ha
 
 /* ---------------------------------------------------------------- ZeroMQ round trips */
 
-static void *echo_main(void *arg)
-{
-    node_t *n = arg;
-    char buf[65536];
-    while (!n->echo_quit) {
-        zmq_pollitem_t it = {n->rep, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 100) <= 0)
-            continue;
-        int k = zmq_recv(n->rep, buf, sizeof buf, ZMQ_DONTWAIT);
-        if (k < 0)
-            continue;
-        zmq_send(n->rep, buf, (size_t)(k > (int)sizeof buf ? (int)sizeof buf : k), 0);
-    }
-    return NULL;
-}
-
-static kvp_status_t echo_start(node_t *n)
-{
-    n->zctx = zmq_ctx_new();
-    n->rep = n->zctx ? zmq_socket(n->zctx, ZMQ_REP) : NULL;
-    int linger = 0;
-    if (!n->rep || zmq_setsockopt(n->rep, ZMQ_LINGER, &linger, sizeof linger) ||
-        zmq_bind(n->rep, "tcp://127.0.0.1:*"))
-        return KVP_ERR_IO;
-    size_t len = sizeof n->echo_addr;
-    if (zmq_getsockopt(n->rep, ZMQ_LAST_ENDPOINT, n->echo_addr, &len))
-        return KVP_ERR_IO;
-    if (pthread_create(&n->echo_th, NULL, echo_main, n))
-        return KVP_ERR_IO;
-    n->echo_started = true;
-    return KVP_OK;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* count bare REQ/REP round trips of `bytes`-byte frames to addr; the p50 in
- * ns, or 0 when it fails. */
+/* count bare REQ/REP round trips of `bytes`-byte frames to addr (after 50
+ * to warm up); the p50 in ns, or 0 when it fails. */
 static uint64_t rtt_measure(const char *addr, size_t bytes, size_t count)
 {
-    void *ctx = zmq_ctx_new();
-    void *req = ctx ? zmq_socket(ctx, ZMQ_REQ) : NULL;
-    int linger = 0, tmo = 2000;
-    uint64_t p50 = 0;
-    char *buf = kvp__calloc(1, bytes ? bytes : 1), *rb = kvp__malloc(bytes + 16);
-    uint64_t *lat = kvp__calloc(count, sizeof *lat);
-    if (!req || !buf || !rb || !lat || zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger) ||
-        zmq_setsockopt(req, ZMQ_RCVTIMEO, &tmo, sizeof tmo) || zmq_connect(req, addr))
-        goto out;
-    memset(buf, 'x', bytes);
-    for (size_t i = 0; i < count + 50; i++) { /* 50 to warm up */
-        uint64_t t0 = kvp__now_ns();
-        if (zmq_send(req, buf, bytes, 0) < 0 || zmq_recv(req, rb, bytes + 16, 0) < 0)
-            goto out;
-        if (i >= 50)
-            lat[i - 50] = kvp__now_ns() - t0;
+    kvp_tool_ping_t p;
+    uint64_t *lat = kvp__calloc(count, sizeof *lat), p50 = 0;
+    if (!lat || kvp_tool_ping_open(&p, addr, bytes, 2000) != 0) {
+        kvp__free(lat, lat ? count * sizeof *lat : 0);
+        return 0;
     }
-    qsort(lat, count, sizeof *lat, cmp_u64);
-    p50 = lat[count / 2];
-out:
-    if (req)
-        zmq_close(req);
-    if (ctx)
-        zmq_ctx_term(ctx);
-    kvp__free(buf, bytes ? bytes : 1);
-    kvp__free(rb, bytes + 16);
+    size_t i = 0;
+    for (; i < count + 50; i++) {
+        uint64_t dt = kvp_tool_ping(&p);
+        if (!dt)
+            break;
+        if (i >= 50)
+            lat[i - 50] = dt;
+    }
+    if (i == count + 50)
+        p50 = kvp_tool_quantile(lat, count, 0.5);
+    kvp_tool_ping_close(&p);
     kvp__free(lat, count * sizeof *lat);
     return p50;
 }
@@ -493,19 +440,13 @@ out:
 static void *sampler_main(void *arg)
 {
     node_t *n = arg;
-    void *ctx = zmq_ctx_new();
-    void *req = ctx ? zmq_socket(ctx, ZMQ_REQ) : NULL;
-    int linger = 0, tmo = 2000;
-    char *buf = kvp__calloc(1, n->samp_bytes), *rb = kvp__malloc(n->samp_bytes + 16);
-    if (!req || !buf || !rb || zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger) ||
-        zmq_setsockopt(req, ZMQ_RCVTIMEO, &tmo, sizeof tmo) || zmq_connect(req, n->samp_addr))
-        goto out;
-    memset(buf, 'x', n->samp_bytes);
+    kvp_tool_ping_t p;
+    if (kvp_tool_ping_open(&p, n->samp_addr, n->samp_bytes, 2000) != 0)
+        return NULL;
     while (!atomic_load(&n->samp_quit)) {
-        uint64_t t0 = kvp__now_ns();
-        if (zmq_send(req, buf, n->samp_bytes, 0) < 0 || zmq_recv(req, rb, n->samp_bytes + 16, 0) < 0)
+        uint64_t dt = kvp_tool_ping(&p);
+        if (!dt)
             break;
-        uint64_t dt = kvp__now_ns() - t0;
         if (n->n_samp == n->cap_samp && n->cap_samp < SAMP_MAX) {
             size_t nc = n->cap_samp ? 2 * n->cap_samp : 4096;
             uint64_t *ns = kvp__realloc(n->samp, n->cap_samp * sizeof *ns, nc * sizeof *ns);
@@ -518,13 +459,7 @@ static void *sampler_main(void *arg)
             n->samp[n->n_samp++] = dt;
         usleep((useconds_t)n->samp_interval_us);
     }
-out:
-    if (req)
-        zmq_close(req);
-    if (ctx)
-        zmq_ctx_term(ctx);
-    kvp__free(buf, n->samp_bytes);
-    kvp__free(rb, n->samp_bytes + 16);
+    kvp_tool_ping_close(&p);
     return NULL;
 }
 
@@ -681,7 +616,7 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
     mp.cb_ctx = n;
     if ((st = kvp__mm_create(&mp, &n->mm)) != KVP_OK)
         return st;
-    if (n->prefill && (st = echo_start(n)) != KVP_OK)
+    if (n->prefill && (st = kvp_tool_echo_start(&n->echo) == 0 ? KVP_OK : KVP_ERR_IO) != KVP_OK)
         return st;
     kvp__jw_t b;
     kvp__jw_init(&b);
@@ -691,7 +626,7 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
     jint(&b, "pid", (int64_t)getpid());
     if (n->prefill) {
         jstr(&b, "consumer_zmq", kvp_ec_worker_control_addr(n->w[0]));
-        jstr(&b, "echo", n->echo_addr);
+        jstr(&b, "echo", n->echo.addr);
     }
     kvp__jw_puts(&b, "}\n");
     emit(n, &b);
@@ -701,19 +636,12 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
 
 static void node_stop(node_t *n)
 {
-    if (n->echo_started) {
-        n->echo_quit = 1;
-        pthread_join(n->echo_th, NULL);
-    }
+    kvp_tool_echo_stop(&n->echo);
     if (n->samp_started) {
         atomic_store(&n->samp_quit, true);
         pthread_join(n->samp_th, NULL);
     }
     kvp__free(n->samp, n->cap_samp * sizeof *n->samp);
-    if (n->rep)
-        zmq_close(n->rep);
-    if (n->zctx)
-        zmq_ctx_term(n->zctx);
     if (n->sched)
         kvp_ec_sched_close(n->sched);
     kvp__mm_destroy(n->mm); /* the encoder cache points into the workers' pools: first */
@@ -854,10 +782,7 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
             pthread_join(n->samp_th, NULL);
             n->samp_started = false;
             cnt = n->n_samp;
-            if (cnt) {
-                qsort(n->samp, cnt, sizeof *n->samp, cmp_u64);
-                p50 = n->samp[cnt / 2];
-            }
+            p50 = kvp_tool_quantile(n->samp, cnt, 0.5);
         }
         kvp__jw_t b;
         kvp__jw_init(&b);

@@ -247,17 +247,17 @@ void kvp__ec_consumer_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *o)
     if (w->srv) {
         kvp__ec_ctl_server_stats_t s;
         kvp__ec_ctl_server_stats(w->srv, &s);
-        o->cross_cache_hits = s.cross_cache_hits;
         o->events_sent = s.events_sent;
         o->events_dropped = s.events_dropped;
         o->control_requests = s.requests;
         o->control_errors = s.error_replies;
-        o->cross_cache_misses = s.cross_cache_misses;
         o->cross_cache_parked = s.parked;
     }
     if (w->xcache) {
         kvp__ec_xcache_stats_t x;
         kvp__ec_xcache_stats(w->xcache, &x);
+        o->cross_cache_hits = x.hits;
+        o->cross_cache_misses = x.misses;
         o->cross_cache_skipped = x.skipped;
         o->cross_cache_errors = x.errors;
         o->cross_cache_bytes = x.bytes_fetched;

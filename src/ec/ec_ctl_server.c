@@ -60,8 +60,7 @@ typedef struct {
 typedef struct parked {
     kvp__list_t link; /* on s->parked */
     zmq_msg_t id;     /* the peer's identity frame */
-    char *req;
-    size_t len;
+    zmq_msg_t body;   /* the request, as it arrived (moved, not copied) */
     uint64_t peer;
     size_t waiting; /* lookups not yet reported */
 } parked_t;
@@ -72,7 +71,6 @@ typedef struct lookup {
     char *hash; /* owned; the key in s->lookups */
     parked_t **w;
     size_t n_w, cap_w;
-    bool hit;
 } lookup_t;
 
 struct kvp__ec_ctl_server {
@@ -119,7 +117,7 @@ struct kvp__ec_ctl_server {
 
     atomic_uint_fast64_t n_requests, n_errors, n_bad_env, n_oversized;
     atomic_uint_fast64_t n_ev_queued, n_ev_sent, n_ev_dropped, n_ev_pending;
-    atomic_uint_fast64_t n_reaps, n_cc_hits, n_cc_misses;
+    atomic_uint_fast64_t n_reaps;
     atomic_uint_fast64_t n_parked_now, n_parked_total, n_parked_over;
 };
 
@@ -187,12 +185,11 @@ static void flush_events(kvp__ec_ctl_server_t *s)
 /* ---- cross-encoder cache lookups ---- */
 
 /* done (ec_xcache.h), on a pool or xcache thread. */
-static void lookup_done(void *token, bool hit)
+static void lookup_done(void *token)
 {
     lookup_t *l = token;
     kvp__ec_ctl_server_t *s = l->s;
     pthread_mutex_lock(&s->lk_mu);
-    l->hit = hit;
     l->next_done = s->done_head;
     s->done_head = l;
     /* the wake-up goes before the count drops: destroy closes efd once
@@ -265,7 +262,6 @@ static void want_lookups(kvp__ec_ctl_server_t *s, const kvp__ec_ctl_req_t *r)
         pthread_mutex_unlock(&s->lk_mu);
         kvp__strmap_del(&s->lookups, l->hash, strlen(l->hash));
         lookup_free(l);
-        atomic_fetch_add(st == KVP_OK ? &s->n_cc_hits : &s->n_cc_misses, 1);
     }
 }
 
@@ -460,17 +456,19 @@ static void parked_free(kvp__ec_ctl_server_t *s, parked_t *p)
 {
     kvp__list_del(&p->link);
     s->n_parked--;
-    s->parked_bytes -= p->len;
+    s->parked_bytes -= zmq_msg_size(&p->body);
     atomic_store(&s->n_parked_now, s->n_parked);
     zmq_msg_close(&p->id);
-    kvp__free(p->req, p->len ? p->len : 1);
+    zmq_msg_close(&p->body);
     kvp__free(p, sizeof *p);
 }
 
-/* Keeps the request (its identity moved out of id) until the lookups in
- * s->want have reported.  false: out of memory (the caller serves it now). */
-static bool park(kvp__ec_ctl_server_t *s, zmq_msg_t *id, const void *req, size_t len, uint64_t peer)
+/* Keeps the request (its identity and body frames moved out of id and
+ * body) until the lookups in s->want have reported.  false: over the byte
+ * cap or out of memory (the caller serves it now, without waiting). */
+static bool park(kvp__ec_ctl_server_t *s, zmq_msg_t *id, zmq_msg_t *body, uint64_t peer)
 {
+    size_t len = zmq_msg_size(body);
     if (s->parked_bytes + len > MAX_PARKED_BYTES) {
         atomic_fetch_add(&s->n_parked_over, 1);
         kvp_warn_rl("ec control %u: %zu bytes of requests wait for the cross-encoder cache; this one goes without",
@@ -478,33 +476,27 @@ static bool park(kvp__ec_ctl_server_t *s, zmq_msg_t *id, const void *req, size_t
         return false;
     }
     parked_t *p = kvp__calloc(1, sizeof *p);
-    char *copy = kvp__malloc(len ? len : 1);
-    bool ok = p && copy;
-    for (size_t i = 0; ok && i < s->n_want; i++) {
-        lookup_t *l = s->want[i];
-        if (l->n_w == l->cap_w) {
-            size_t nc = l->cap_w ? 2 * l->cap_w : 4;
-            parked_t **nw = kvp__realloc(l->w, l->cap_w * sizeof *nw, nc * sizeof *nw);
-            if (!nw) {
-                ok = false;
-                break;
-            }
-            l->w = nw;
-            l->cap_w = nc;
-        }
-    }
-    if (!ok) {
-        kvp__free(p, p ? sizeof *p : 0);
-        kvp__free(copy, copy ? (len ? len : 1) : 0);
+    if (!p)
         return false;
+    for (size_t i = 0; i < s->n_want; i++) {
+        lookup_t *l = s->want[i];
+        if (l->n_w < l->cap_w)
+            continue;
+        size_t nc = l->cap_w ? 2 * l->cap_w : 4;
+        parked_t **nw = kvp__realloc(l->w, l->cap_w * sizeof *nw, nc * sizeof *nw);
+        if (!nw) {
+            kvp__free(p, sizeof *p);
+            return false;
+        }
+        l->w = nw;
+        l->cap_w = nc;
     }
-    memcpy(copy, req, len);
-    p->req = copy;
-    p->len = len;
     p->peer = peer;
     p->waiting = s->n_want;
     zmq_msg_init(&p->id);
     zmq_msg_move(&p->id, id);
+    zmq_msg_init(&p->body);
+    zmq_msg_move(&p->body, body);
     for (size_t i = 0; i < s->n_want; i++)
         s->want[i]->w[s->want[i]->n_w++] = p;
     kvp__list_add_tail(&s->parked, &p->link);
@@ -530,7 +522,6 @@ static void serve_reported(kvp__ec_ctl_server_t *s)
     while (l) {
         lookup_t *next = l->next_done;
         kvp__strmap_del(&s->lookups, l->hash, strlen(l->hash));
-        atomic_fetch_add(l->hit ? &s->n_cc_hits : &s->n_cc_misses, 1);
         for (size_t i = 0; i < l->n_w; i++) {
             parked_t *p = l->w[i];
             if (--p->waiting)
@@ -538,7 +529,7 @@ static void serve_reported(kvp__ec_ctl_server_t *s)
             kvp__jw_t *b = &s->out;
             b->len = 0;
             b->oom = false;
-            handle(s, p->req, p->len, p->peer, b, false);
+            handle(s, zmq_msg_data(&p->body), zmq_msg_size(&p->body), p->peer, b, false);
             send_reply(s, &p->id, b);
             parked_free(s, p);
         }
@@ -590,11 +581,14 @@ static int serve_one(kvp__ec_ctl_server_t *s)
     b->oom = false;
     const void *req = zmq_msg_data(&parts[2]);
     size_t len = zmq_msg_size(&parts[2]);
-    if (!handle(s, req, len, peer, b, true) || !park(s, &parts[0], req, len, peer)) {
-        if (!b->len && !b->oom) /* parking failed: serve it without waiting */
+    bool served = true;
+    if (handle(s, req, len, peer, b, true)) { /* it waits for lookups */
+        served = !park(s, &parts[0], &parts[2], peer);
+        if (served) /* parking refused: serve it without waiting */
             handle(s, req, len, peer, b, false);
-        send_reply(s, &parts[0], b);
     }
+    if (served)
+        send_reply(s, &parts[0], b);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 1;
@@ -846,8 +840,6 @@ void kvp__ec_ctl_server_stats(kvp__ec_ctl_server_t *s, kvp__ec_ctl_server_stats_
     st->events_dropped = atomic_load(&s->n_ev_dropped);
     st->events_pending = atomic_load(&s->n_ev_pending);
     st->reaps = atomic_load(&s->n_reaps);
-    st->cross_cache_hits = atomic_load(&s->n_cc_hits);
-    st->cross_cache_misses = atomic_load(&s->n_cc_misses);
     st->parked = atomic_load(&s->n_parked_now);
     st->parked_total = atomic_load(&s->n_parked_total);
     st->parked_over_cap = atomic_load(&s->n_parked_over);

@@ -62,7 +62,7 @@ uint16_t kvp__ec_ctl_server_event_port(const kvp__ec_ctl_server_t *s);
 typedef struct kvp__ec_ctl_server_stats {
     uint64_t requests, error_replies, bad_envelopes, oversized;
     uint64_t events_queued, events_sent, events_dropped, events_pending;
-    uint64_t reaps, cross_cache_hits, cross_cache_misses;
+    uint64_t reaps;
     uint64_t parked;             /* requests waiting for cross-encoder cache lookups now */
     uint64_t parked_total, parked_over_cap;
 } kvp__ec_ctl_server_stats_t;

@@ -4,7 +4,7 @@
  * A lookup is a job: EXISTS (an asynchronous pool op; its callback runs on
  * the pool's thread, or inline for a backend that completes at once) ->
  * on a hit, the job goes to the get thread, which fills an extent of the
- * slab from the pool -> finish (done(token, hit), counters, backoff, free).
+ * slab from the pool -> finish (done(token), counters, backoff, free).
  * `inflight` counts jobs started and not finished; destroy waits for 0.
  *
  * Lock order: x->mu, then the reservation table's (fill_begin/fill_end are
@@ -96,7 +96,7 @@ static void finish(job_t *j, kvp_status_t pool_st, bool hit)
     pthread_mutex_unlock(&x->mu);
     kvp__free(j, sizeof *j);
     if (done)
-        done(token, hit);
+        done(token);
     pthread_mutex_lock(&x->mu);
     x->st.inflight--;
     pthread_cond_broadcast(&x->cv);

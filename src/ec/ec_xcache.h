@@ -48,8 +48,9 @@ typedef struct kvp__ec_xcache_params {
 kvp_status_t kvp__ec_xcache_create(const kvp__ec_xcache_params_t *p, kvp__ec_xcache_t **x_p);
 void kvp__ec_xcache_destroy(kvp__ec_xcache_t *x);
 
-/* done(token, hit): hit = mm_hash is now resident with tensor t. */
-typedef void (*kvp__ec_xcache_done_fn)(void *token, bool hit);
+/* done(token): the lookup has ended (on a hit, mm_hash is resident now
+ * with tensor t). */
+typedef void (*kvp__ec_xcache_done_fn)(void *token);
 
 /* Looks mm_hash up for a reserve of t.  KVP_INPROGRESS: done will be
  * called exactly once, from another thread.  Anything else: the lookup
