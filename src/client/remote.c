@@ -451,6 +451,13 @@ static int lane_by_default(remote_t *r, int shm, int rdma)
     return !shm || !kvp__ucx_host_is_local(r->host);
 }
 
+/* A first connect's failure that says the server is not there (rather
+ * than there and refusing us): what connect=lazy tolerates. */
+static int unreachable(kvp_status_t st)
+{
+    return st == KVP_ERR_CONN_REFUSED || st == KVP_ERR_CONN_LOST || st == KVP_ERR_TIMEOUT || st == KVP_ERR_IO;
+}
+
 kvp_status_t kvp__remote_open(const char *host, uint16_t port, const kvp__remote_opts_t *o, void **impl_p)
 {
     size_t hlen = strlen(host);
@@ -506,8 +513,15 @@ kvp_status_t kvp__remote_open(const char *host, uint16_t port, const kvp__remote
         st = KVP_ERR_NO_MEMORY;
         goto err_ucx;
     }
-    /* Connect now so a bad address or token fails open, not the first op. */
+    /* Connect now so a bad address or token fails open, not the first op
+     * (with lazy_connect: unless the server is just not there yet). */
     st = kvp__remote_ensure_connected(r);
+    if (st != KVP_OK && o->lazy_connect && unreachable(st)) {
+        kvp_warn("remote: %s:%u cannot be reached (%s); connect=lazy: its ops fail until it can, retried with "
+                 "backoff",
+                 r->host, (unsigned)r->port, kvp_status_str(st));
+        st = KVP_OK;
+    }
     if (st != KVP_OK) {
         remote_close(r);
         return st;
@@ -561,6 +575,14 @@ static kvp_status_t remote_open(kvp__uri_t *u, void **impl_p)
             o.local_reads = 0;
         else if (strcmp(v, "auto") != 0) {
             kvp_error("remote: local_reads=%s: expected auto or off", v);
+            return KVP_ERR_BAD_OPTION;
+        }
+    }
+    if ((v = kvp__uri_opt(u, "connect"))) {
+        if (!strcmp(v, "lazy"))
+            o.lazy_connect = 1;
+        else if (strcmp(v, "now") != 0) {
+            kvp_error("remote: connect=%s: expected now or lazy", v);
             return KVP_ERR_BAD_OPTION;
         }
     }

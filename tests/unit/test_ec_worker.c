@@ -1554,14 +1554,16 @@ __attribute__((constructor)) static void shard_child(void)
 }
 
 /* ... and with KVP_TEST_POOL_SERVER="port_file" a kvpool server on
- * 127.0.0.1 (any port, written to port_file) until SIGTERM. */
+ * 127.0.0.1 (the port KVP_TEST_POOL_PORT names, else any; written to
+ * port_file) until SIGTERM. */
 __attribute__((constructor)) static void pool_server_child(void)
 {
     const char *pf = getenv("KVP_TEST_POOL_SERVER");
     if (!pf)
         return;
+    const char *port = getenv("KVP_TEST_POOL_PORT");
     kvp__server_params_t p = {.host = "127.0.0.1", .memory = 64u << 20, .put_timeout_ns = 5000000000ull,
-                              .port_file = pf, .no_prefault = 1};
+                              .port_file = pf, .no_prefault = 1, .port = port ? (uint16_t)atoi(port) : 0};
     _exit(kvp__server_run(&p) == KVP_OK ? 0 : 5);
 }
 
@@ -1633,13 +1635,15 @@ static size_t wait_active(kvp_ec_worker_t *w, size_t want)
     return st.reservations_active;
 }
 
-static pid_t pool_server_start(char *uri, size_t len)
+/* A pool server in a child process, on port (0 = any); its URI into uri. */
+static pid_t pool_server_start_on(uint16_t want, char *uri, size_t len)
 {
-    char pf[64], env[96];
+    char pf[64], env[96], penv[48];
     snprintf(pf, sizeof pf, "/tmp/kvp-ec-pool-%d.port", (int)getpid());
     unlink(pf);
     snprintf(env, sizeof env, "KVP_TEST_POOL_SERVER=%s", pf);
-    char *envp[] = {env, "KVP_LOG_LEVEL=error", NULL};
+    snprintf(penv, sizeof penv, "KVP_TEST_POOL_PORT=%u", (unsigned)want);
+    char *envp[] = {env, "KVP_LOG_LEVEL=error", want ? penv : NULL, NULL};
     pid_t pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
@@ -1661,6 +1665,16 @@ static pid_t pool_server_start(char *uri, size_t len)
     ASSERT(port > 0);
     snprintf(uri, len, "kvpool://127.0.0.1:%u", port);
     return pid;
+}
+
+static pid_t pool_server_start(char *uri, size_t len) { return pool_server_start_on(0, uri, len); }
+
+static void pool_server_stop(pid_t pid)
+{
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
 }
 
 /* A peer that can hold parked reserves against a stopped pool: 40 reserves
@@ -1725,6 +1739,83 @@ TEST(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held)
     kill(srv, SIGTERM);
     int status = 0;
     ASSERT_EQ(waitpid(srv, &status, 0), srv);
+}
+
+/* The pool down when the consumer starts (connect=lazy: the open does not
+ * wait for it): reserves are answered write at once while the lookups fail
+ * (counted, the pool backed off); once a pool server answers on that
+ * address the client connects by itself, and a reserve of a hash the pool
+ * holds is answered cached with the pool's bytes. */
+TEST(test_ec_cross_encoder_cache_pool_down_at_start_then_up)
+{
+    char uri[64], lazy[96];
+    pid_t srv = pool_server_start(uri, sizeof uri); /* for a port that is free again once it ends */
+    pool_server_stop(srv);
+    uint16_t port = (uint16_t)atoi(strrchr(uri, ':') + 1);
+    snprintf(lazy, sizeof lazy, "%s?connect=lazy&timeout=500ms", uri);
+    kvp_pool_t *pool;
+    ASSERT_EQ(kvp_pool_open(uri, &pool), KVP_ERR_CONN_REFUSED); /* connect=now (the default): the open fails */
+    ASSERT_OK(kvp_pool_open(lazy, &pool));
+    cons_opts_t o = {.pool = pool};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, &o);
+    rc_t q;
+    rc_open(&q, c.addr);
+    uint64_t t0 = kvp__now_ns();
+    ASSERT(strstr(reserve(&q, "TD0", "HD0"), "\"write\":true"));
+    ASSERT_LT((kvp__now_ns() - t0) / 1000000u, 500);
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_GE(st.cross_cache_errors, 1);
+    ASSERT_EQ(st.cross_cache_hits, 0);
+    /* the pool comes up on that address, and holds HD */
+    srv = pool_server_start_on(port, uri, sizeof uri);
+    uint8_t val[64];
+    for (int i = 0; i < 64; i++)
+        val[i] = (uint8_t)(i * 5 + 3);
+    const char *key = "ec@m@HD"; /* kvp__ec_store_key("m", "HD") */
+    kvp_key_t k = {key, (uint32_t)strlen(key)};
+    kvp_iov_t iov = {val, sizeof val};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t res = {0};
+    kvp_status_t pst = KVP_ERR_CONN_LOST;
+    uint64_t dl = kvp__now_ns() + 15000000000ull;
+    while (kvp__now_ns() < dl && (pst != KVP_OK || res.status != KVP_OK)) {
+        pst = kvp_pool_put(pool, &k, &sgl, 1, &res); /* fails at once until the client reconnects */
+        if (pst != KVP_OK || res.status != KVP_OK)
+            usleep(50000);
+    }
+    ASSERT_OK(pst);
+    ASSERT_OK(res.status);
+    /* reserves for other transfers of HD until the pool's backoff has passed */
+    const char *r = NULL;
+    char tid[16];
+    for (int i = 1; i < 200; i++) {
+        snprintf(tid, sizeof tid, "TD%d", i);
+        r = reserve(&q, tid, "HD");
+        if (strstr(r, "\"cached\":true"))
+            break;
+        ASSERT(strstr(r, "\"write\":true"));
+        /* abandoned, so the next reserve of HD is not this one's follower */
+        char cbuf[128];
+        snprintf(cbuf, sizeof cbuf, "{\"op\":\"cancel\",\"transfer_id\":\"%s\",\"abandon\":true}", tid);
+        ASSERT(strstr(rc(&q, cbuf), "\"cancelled\":true"));
+        usleep(50000);
+    }
+    ASSERT(strstr(r, "\"cached\":true"));
+    ASSERT(strstr(r, "\"write\":false"));
+    const char *pp = strstr(r, "\"dst_ptr\":");
+    ASSERT(pp);
+    const uint8_t *slot = (const uint8_t *)(uintptr_t)strtoull(pp + 10, NULL, 10);
+    ASSERT(slot != NULL);
+    ASSERT_MEM_EQ(slot, val, sizeof val);
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_hits, 1);
+    ASSERT_EQ(st.cross_cache_parked, 0);
+    rc_close(&q);
+    kvp_ec_worker_destroy(c.w);
+    kvp_pool_close(pool);
+    pool_server_stop(srv);
 }
 
 /* Fault: two shards, one slow (its process stopped with SIGSTOP).  Slow
@@ -1853,6 +1944,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
+          T(test_ec_cross_encoder_cache_pool_down_at_start_then_up),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
           T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
           T(test_ec_s47_pending_saves_pending_push_work_end_to_end),
