@@ -15,7 +15,7 @@ static void usage(FILE *f)
                "                     [--metrics-port-file F] [--token-file F] [--insecure]\n"
                "                     [--put-timeout DURATION] [--log-level L]\n"
                "                     [--port-file F] [--max-conns N] [--max-conns-per-source N]\n"
-               "                     [--no-prefault] [--no-local-reads]\n"
+               "                     [--no-prefault] [--no-local-reads] [--filter-bytes SIZE]\n"
                "  --listen       IPv4 address and port (port 0 = any free port, see --port-file); an\n"
                "                 address other than loopback needs --token-file (or --insecure)\n"
                "  --memory       arena size, e.g. 4GiB (at most the machine's, or the cgroup's, memory)\n"
@@ -35,6 +35,9 @@ static void usage(FILE *f)
                "  --no-prefault  do not fault the arena in at start (it is by default)\n"
                "  --no-local-reads  keep the arena private: clients on this host then get values\n"
                "                 over UCX instead of copying them out of the mapped arena\n"
+               "  --filter-bytes the membership filter clients on this host map, to answer a lookup\n"
+               "                 of an absent key themselves (default: 1/1024 of --memory, 64KiB to\n"
+               "                 64MiB; 0 = none); with the local reads only\n"
                "  --log-level    error|warn|info|debug (default info)\n"
                "SIGTERM or SIGINT: finish the requests in flight, refuse new ones, exit 0.\n"
                "SIGUSR2: replace the UCX worker (its clients reconnect); the server does this by\n"
@@ -95,6 +98,13 @@ int kvp_cmd_server(int argc, char **argv)
             memcpy(host, v, (size_t)(colon - v));
             host[colon - v] = 0;
             p.port = (uint16_t)port;
+        } else if (!strcmp(a, "--filter-bytes")) {
+            if (kvp__parse_size(v, &p.filter_bytes) != KVP_OK || p.filter_bytes > (1ull << 30) ||
+                (p.filter_bytes && p.filter_bytes < 64)) {
+                fprintf(stderr, "kvpool server: bad --filter-bytes '%s' (0, or 64B to 1GiB)\n", v);
+                return 2;
+            }
+            p.no_filter = p.filter_bytes == 0;
         } else if (!strcmp(a, "--memory")) {
             if (kvp__parse_size(v, &p.memory) != KVP_OK || p.memory < 65536) {
                 fprintf(stderr, "kvpool server: bad --memory '%s' (e.g. 4GiB, at least 64KiB)\n", v);

@@ -27,6 +27,7 @@ struct kvp__lmap {
     uint64_t size;
     const uint8_t *table;        /* the lease table */
     uint64_t nslots;
+    kvp__cfilter_t filter;       /* in the table (c == NULL: none) */
     uint64_t refs;               /* under g_mu */
 };
 
@@ -148,6 +149,8 @@ const uint8_t *kvp__lmap_nonce(const kvp__lmap_t *m) { return m->table; }
 
 int kvp__lmap_slot_ok(const kvp__lmap_t *m, uint64_t slot) { return m && slot < m->nslots; }
 
+const kvp__cfilter_t *kvp__lmap_filter(const kvp__lmap_t *m) { return m && m->filter.c ? &m->filter : NULL; }
+
 int kvp__lmap_still_leased(const kvp__lmap_t *m, uint64_t slot, uint64_t gen)
 {
     if (!kvp__lmap_slot_ok(m, slot))
@@ -185,6 +188,24 @@ static int open_file(uint64_t pid, uint64_t fdn, uint64_t dev, uint64_t ino, uin
         return -1;
     }
     return fd;
+}
+
+/* The membership filter the table's header names, checked against the
+ * table's size; none (c == NULL) if there is none or it is malformed. */
+static void find_filter(const uint8_t *t, uint64_t tsize, uint64_t nslots, kvp__cfilter_t *f)
+{
+    uint64_t off, nb;
+    memcpy(&off, t + KVP_WIRE_LR_FILTER_OFF, sizeof off);
+    memcpy(&nb, t + KVP_WIRE_LR_FILTER_BLOCKS_OFF, sizeof nb);
+    kvp__cfilter_attach(f, NULL, 0);
+    if (!off && !nb)
+        return;
+    if (off % KVP_CF_BLOCK || off < KVP_WIRE_LR_GEN_OFF + nslots * 8u || off > tsize || !nb ||
+        nb > (tsize - off) / KVP_CF_BLOCK || nb > UINT32_MAX) {
+        kvp_warn("local reads: the server's membership filter is malformed; asking the server instead");
+        return;
+    }
+    kvp__cfilter_attach(f, t + off, nb);
 }
 
 /* Maps the lease table; NULL if it is not one (logged). */
@@ -272,6 +293,7 @@ kvp_status_t kvp__lmap_get(const kvp__arena_info_t *ai, kvp__lmap_t **m_p)
         m->size = ai->size;
         m->table = table;
         m->nslots = nslots;
+        find_filter(table, ai->tsize, nslots, &m->filter);
         m->refs = 1;
         pthread_mutex_lock(&g.mu);
         m->next = g.maps;

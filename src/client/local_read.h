@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cfilter.h"
 #include "kvpool/status.h"
 #include "net/wire_reply.h"
 
@@ -45,6 +46,10 @@ const uint8_t *kvp__lmap_base(const kvp__lmap_t *m);
 uint64_t kvp__lmap_size(const kvp__lmap_t *m);
 /* The lease table's nonce (KVP_WIRE_LR_NONCE bytes), for the proof. */
 const uint8_t *kvp__lmap_nonce(const kvp__lmap_t *m);
+/* The server's membership filter (common/cfilter.h) in the lease table's
+ * file, or NULL when it keeps none: a key it calls absent is not live
+ * (docs/transport.md §10). */
+const kvp__cfilter_t *kvp__lmap_filter(const kvp__lmap_t *m);
 /* Is slot a slot of the lease table? */
 int kvp__lmap_slot_ok(const kvp__lmap_t *m, uint64_t slot);
 /* After a copy: 1 if slot still holds gen (every byte copied was leased). */

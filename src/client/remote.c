@@ -60,6 +60,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "store/store.h"
 
 /* ---- posting requests (caller threads) ---- */
 
@@ -307,6 +308,43 @@ static uint32_t slice_len(const kvp_op_t *op, uint32_t off)
     return n;
 }
 
+/* The server's membership filter (docs/transport.md §10), where this
+ * connection mapped it: an EXISTS whose keys it calls absent, every one, or
+ * a PREFIX whose first key it calls absent, ends here, without a round
+ * trip; a PREFIX stops at its first absent key.  (Not a GET: the server
+ * counts its misses.)  Returns how many of the op's first keys still go to
+ * the server (0: none; the op ended here). */
+static uint32_t filter_pass(remote_t *r, kvp_op_t *op, uint32_t n)
+{
+    if (op->type != KVP_OP_EXISTS && op->type != KVP_OP_PREFIX)
+        return n;
+    pthread_mutex_lock(&r->mu);
+    kvp__lmap_t *m = r->lmap && r->lmap_gen == r->gen && kvp__remote_do_ready(r) && kvp__lmap_filter(r->lmap)
+                         ? r->lmap
+                         : NULL;
+    if (m)
+        kvp__lmap_ref(m);
+    pthread_mutex_unlock(&r->mu);
+    if (!m)
+        return n;
+    const kvp__cfilter_t *f = kvp__lmap_filter(m);
+    uint32_t i = 0;
+    if (op->type == KVP_OP_PREFIX) {
+        while (i < n && kvp__cfilter_maybe(f, kvp__key_hash(op->keys[i].data, op->keys[i].len)))
+            i++;
+    } else {
+        while (i < n && !kvp__cfilter_maybe(f, kvp__key_hash(op->keys[i].data, op->keys[i].len)))
+            i++;
+        i = i == n ? 0 : n;
+    }
+    kvp__lmap_put(m);
+    if (i == 0 && op->type == KVP_OP_PREFIX)
+        *op->prefix_len = 0;
+    else if (i == 0)
+        memset(op->present, 0, n);
+    return i;
+}
+
 static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
 {
     remote_t *r = impl;
@@ -320,6 +358,8 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
         return KVP_OK;
     }
     if (n == 0 && op->type != KVP_OP_REMOVE_ALL)
+        return KVP_OK;
+    if (n && (n = filter_pass(r, op, n)) == 0)
         return KVP_OK;
     opctx_t *oc = kvp__calloc(1, sizeof *oc);
     if (!oc)

@@ -107,6 +107,10 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
  *             one key is kvp__wire_lr_proof(nonce, conn_key); only then are
  *             its GET_LOCALs served
  *   [32, 40)  the number of slots (u64, host order)
+ *   [40, 48)  the membership filter's offset in the file (u64, host order;
+ *             a multiple of 64 past the generations), 0 = no filter
+ *   [48, 56)  its blocks (u64): common/cfilter.h, the server's live keys
+ *             (docs/transport.md §10)
  *   [64, ...) one u64 generation per slot (host order): a GET_LOCAL's reply
  *             names its slot and generation; the server bumps the
  *             generation before it ends the leases of an unreleased
@@ -116,6 +120,8 @@ kvp_status_t kvp__wire_req_decode(const void *hdr, size_t len, kvp__wire_req_t *
 #define KVP_WIRE_LR_NONCE 32u
 #define KVP_WIRE_LR_PROOF 16u
 #define KVP_WIRE_LR_NSLOTS_OFF 32u
+#define KVP_WIRE_LR_FILTER_OFF 40u
+#define KVP_WIRE_LR_FILTER_BLOCKS_OFF 48u
 #define KVP_WIRE_LR_GEN_OFF 64u
 void kvp__wire_lr_proof(const uint8_t nonce[KVP_WIRE_LR_NONCE], uint64_t conn_key,
                         uint8_t out[KVP_WIRE_LR_PROOF]);

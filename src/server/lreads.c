@@ -77,6 +77,21 @@ static uint32_t bucket(const lreads_t *lr, uint64_t conn_id, uint64_t req_id)
     return (uint32_t)(h & (lr->nbuckets - 1));
 }
 
+/* The membership filter's size: --filter-bytes, else one byte per KiB of
+ * arena (a counter per KiB: at 64 KiB values about 1 in 10^5 absent keys
+ * is taken for present, at 4 KiB 1 in 6), within [64 KiB, 64 MiB]. */
+#define FILTER_MIN (64ull << 10)
+#define FILTER_MAX (64ull << 20)
+static uint64_t filter_blocks(const kvp__server_params_t *p)
+{
+    if (p->no_filter)
+        return 0;
+    uint64_t bytes = p->filter_bytes ? p->filter_bytes : p->memory / 1024u;
+    if (!p->filter_bytes)
+        bytes = bytes < FILTER_MIN ? FILTER_MIN : bytes > FILTER_MAX ? FILTER_MAX : bytes;
+    return kvp__cfilter_blocks_for(bytes);
+}
+
 kvp_status_t kvp__lr_init(server_t *s)
 {
     lreads_t *lr = &s->lr;
@@ -90,7 +105,9 @@ kvp_status_t kvp__lr_init(server_t *s)
     if (kvp__store_arena_fd(s->store) < 0)
         return KVP_OK; /* a private arena: no local reads */
     long pg = sysconf(_SC_PAGESIZE);
-    size_t size = (KVP_WIRE_LR_GEN_OFF + (size_t)LR_SLOTS * 8u + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+    size_t gens_end = (KVP_WIRE_LR_GEN_OFF + (size_t)LR_SLOTS * 8u + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+    uint64_t fblocks = filter_blocks(&s->p);
+    size_t size = gens_end + (size_t)fblocks * KVP_CF_BLOCK;
     lr->free_slots = kvp__malloc(LR_SLOTS * sizeof *lr->free_slots);
     lr->buckets = kvp__calloc(LR_BUCKETS, sizeof *lr->buckets);
     if (!lr->free_slots || !lr->buckets)
@@ -111,6 +128,13 @@ kvp_status_t kvp__lr_init(server_t *s)
     lr->nslots = LR_SLOTS;
     uint64_t ns = LR_SLOTS;
     memcpy(lr->map + KVP_WIRE_LR_NSLOTS_OFF, &ns, sizeof ns);
+    /* The membership filter, after the generations; the store keeps it
+     * from the first put on. */
+    if (fblocks && kvp__store_set_filter(s->store, lr->map + gens_end, fblocks) == KVP_OK) {
+        uint64_t off = gens_end;
+        memcpy(lr->map + KVP_WIRE_LR_FILTER_OFF, &off, sizeof off);
+        memcpy(lr->map + KVP_WIRE_LR_FILTER_BLOCKS_OFF, &fblocks, sizeof fblocks);
+    }
     lr->gen = (_Atomic uint64_t *)(void *)(lr->map + KVP_WIRE_LR_GEN_OFF);
     for (uint32_t i = 0; i < LR_SLOTS; i++)
         lr->free_slots[i] = LR_SLOTS - 1 - i;

@@ -155,6 +155,16 @@ char *kvp__metrics_render(kvp__store_t *store, kvp__server_counters_t *c, size_t
         (unsigned long long)st.get_hits, (unsigned long long)st.get_misses);
     out(&b, "# TYPE kvpool_put_total counter\nkvpool_put_total{result=\"existed\"} %llu\nkvpool_put_total{result=\"no_space\"} %llu\n",
         (unsigned long long)st.put_existed, (unsigned long long)st.put_no_space);
+    const kvp__cfilter_t *f = kvp__store_filter(store);
+    out(&b, "# HELP kvpool_filter_counters The membership filter local clients map (0: none).\n"
+            "# TYPE kvpool_filter_counters gauge\nkvpool_filter_counters %llu\n"
+            "# HELP kvpool_filter_keys Keys in the membership filter (the live objects).\n"
+            "# TYPE kvpool_filter_keys gauge\nkvpool_filter_keys %llu\n"
+            "# HELP kvpool_filter_saturated Counters stuck at their maximum (each a source of false positives).\n"
+            "# TYPE kvpool_filter_saturated gauge\nkvpool_filter_saturated %llu\n",
+        (unsigned long long)(f->c ? f->nblocks * KVP_CF_BLOCK : 0),
+        (unsigned long long)atomic_load_explicit(&f->keys, memory_order_relaxed),
+        (unsigned long long)atomic_load_explicit(&f->saturated, memory_order_relaxed));
     *len_p = b.len;
     *cap_p = b.cap;
     return b.buf;

@@ -27,6 +27,9 @@ typedef struct kvp__server_params {
     uint32_t max_conns_per_source; /* without a token: 0 = max_conns / 2; with one: no cap */
     int no_prefault;            /* do not fault the arena in at start */
     int no_local_reads;         /* arena in private memory: clients on this host cannot map it */
+    uint64_t filter_bytes;      /* the membership filter for local clients (lreads.c): 0 = sized
+                                 * from memory */
+    int no_filter;              /* none: every lookup goes to the server */
     int insecure;               /* allow a non-loopback listener without a token */
 } kvp__server_params_t;
 

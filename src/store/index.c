@@ -70,6 +70,8 @@ void kvp__do_insert(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
         sh->pinned++;
     else
         kvp__do_lru_push(sh, o);
+    if (sh->filter) /* (under the shard lock: before the put is answered) */
+        kvp__cfilter_add(sh->filter, h);
 }
 
 void kvp__do_unlink(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
@@ -90,6 +92,8 @@ void kvp__do_unlink(kvp__shard_t *sh, kvp__obj_t *o, uint64_t h)
     kvp__assert(sh->count > 0 && sh->live_bytes >= o->size);
     sh->count--;
     sh->live_bytes -= o->size;
+    if (sh->filter)
+        kvp__cfilter_del(sh->filter, h);
 }
 
 void kvp__do_lru_push(kvp__shard_t *sh, kvp__obj_t *o) { kvp__list_add_head(&sh->lru, &o->lru); }

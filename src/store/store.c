@@ -564,6 +564,21 @@ kvp_status_t kvp__store_pin(kvp__store_t *s, const void *key, uint32_t klen, int
     return o ? KVP_OK : KVP_ERR_NOT_FOUND;
 }
 
+kvp_status_t kvp__store_set_filter(kvp__store_t *s, void *mem, uint64_t nblocks)
+{
+    if (!s || !mem || !nblocks || s->filter.c)
+        return KVP_ERR_INVALID_ARG;
+    for (uint32_t i = 0; i < s->nshards; i++)
+        if (s->shards[i].count)
+            return KVP_ERR_INVALID_ARG;
+    kvp__cfilter_init(&s->filter, mem, nblocks);
+    for (uint32_t i = 0; i < s->nshards; i++)
+        s->shards[i].filter = &s->filter;
+    return KVP_OK;
+}
+
+const kvp__cfilter_t *kvp__store_filter(const kvp__store_t *s) { return &s->filter; }
+
 uint64_t kvp__store_remove_all(kvp__store_t *s)
 {
     uint64_t total = 0;
@@ -575,6 +590,8 @@ uint64_t kvp__store_remove_all(kvp__store_t *s)
             kvp__obj_t *o = sh->buckets[b];
             while (o) {
                 kvp__obj_t *next = o->hnext;
+                if (sh->filter)
+                    kvp__cfilter_del(sh->filter, kvp__key_hash(o->key, o->klen));
                 o->hnext = victims;
                 victims = o;
                 o = next;

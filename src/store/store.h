@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "kvpool/pool.h"
+#include "common/cfilter.h"
 #include "kvpool/status.h"
 #include "store/provider.h"
 
@@ -40,6 +41,18 @@ void kvp__store_params_default(kvp__store_params_t *p);
 
 kvp_status_t kvp__store_create(const kvp__store_params_t *params, kvp__store_t **store_p);
 void kvp__store_destroy(kvp__store_t *store);
+
+/* The index's hash of a key (XXH3-64): also the membership filter's. */
+uint64_t kvp__key_hash(const void *key, uint32_t klen);
+
+/* Keeps a membership filter (common/cfilter.h) over the live keys in
+ * mem (nblocks blocks, zeroed here): every key committed from now on is
+ * added before its put is answered, every key that leaves is deleted once
+ * it is gone.  Only on an empty store (KVP_ERR_INVALID_ARG otherwise),
+ * before other threads use it; mem outlives the store. */
+kvp_status_t kvp__store_set_filter(kvp__store_t *s, void *mem, uint64_t nblocks);
+/* The filter (c == NULL: none), for its figures. */
+const kvp__cfilter_t *kvp__store_filter(const kvp__store_t *s);
 
 /* Largest value the store can ever hold. */
 uint64_t kvp__store_max_value(const kvp__store_t *store);

@@ -79,6 +79,7 @@ typedef struct kvp__shard {
     uint64_t committed, evicted, removed, reset;
     uint64_t live_bytes, pinned, put_existed, hits, misses, evicted_bytes;
     uint64_t index_bytes;
+    kvp__cfilter_t *filter;            /* the store's membership filter, or NULL */
 } __attribute__((aligned(64))) kvp__shard_t;
 
 /* The object slab (objslab.c): size classes of KVP_OBJ_STEP bytes from
@@ -136,6 +137,7 @@ struct kvp__store {
     uint32_t shard_shift;              /* 64 - log2(nshards) */
     kvp__shard_t *shards;
     kvp__objslab_t slab;
+    kvp__cfilter_t filter;             /* kvp__store_set_filter; c == NULL: none */
 };
 
 /* objslab.c */
@@ -146,8 +148,7 @@ kvp__obj_t *kvp__obj_alloc(kvp__store_t *s, uint32_t klen); /* NULL when out of 
 void kvp__obj_free(kvp__store_t *s, kvp__obj_t *o);
 _Static_assert(KVP_OBJ_CLASSES <= 40, "objslab class table too small");
 
-/* index.c */
-uint64_t kvp__key_hash(const void *key, uint32_t klen);
+/* index.c (kvp__key_hash: store.h) */
 static inline kvp__shard_t *kvp__shard_of(kvp__store_t *s, uint64_t h)
 {
     return &s->shards[s->shard_shift >= 64 ? 0 : (h >> s->shard_shift)];

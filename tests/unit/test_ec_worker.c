@@ -23,6 +23,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "ec/ec_worker_int.h"
 #include "kvpool/ec_connector.h"
 #include "kvpool/pool.h"
 #include "server/server.h"
@@ -1555,7 +1556,8 @@ __attribute__((constructor)) static void shard_child(void)
 
 /* ... and with KVP_TEST_POOL_SERVER="port_file" a kvpool server on
  * 127.0.0.1 (the port KVP_TEST_POOL_PORT names, else any; written to
- * port_file) until SIGTERM. */
+ * port_file) until SIGTERM; KVP_TEST_POOL_NO_FILTER=1: without the
+ * membership filter (every lookup goes to it). */
 __attribute__((constructor)) static void pool_server_child(void)
 {
     const char *pf = getenv("KVP_TEST_POOL_SERVER");
@@ -1563,7 +1565,8 @@ __attribute__((constructor)) static void pool_server_child(void)
         return;
     const char *port = getenv("KVP_TEST_POOL_PORT");
     kvp__server_params_t p = {.host = "127.0.0.1", .memory = 64u << 20, .put_timeout_ns = 5000000000ull,
-                              .port_file = pf, .no_prefault = 1, .port = port ? (uint16_t)atoi(port) : 0};
+                              .port_file = pf, .no_prefault = 1, .port = port ? (uint16_t)atoi(port) : 0,
+                              .no_filter = getenv("KVP_TEST_POOL_NO_FILTER") != NULL};
     _exit(kvp__server_run(&p) == KVP_OK ? 0 : 5);
 }
 
@@ -1635,15 +1638,22 @@ static size_t wait_active(kvp_ec_worker_t *w, size_t want)
     return st.reservations_active;
 }
 
-/* A pool server in a child process, on port (0 = any); its URI into uri. */
-static pid_t pool_server_start_on(uint16_t want, char *uri, size_t len)
+/* A pool server in a child process, on port (0 = any), with the
+ * membership filter or not; its URI into uri. */
+static pid_t pool_server_start_with(uint16_t want, bool filter, char *uri, size_t len)
 {
     char pf[64], env[96], penv[48];
     snprintf(pf, sizeof pf, "/tmp/kvp-ec-pool-%d.port", (int)getpid());
     unlink(pf);
     snprintf(env, sizeof env, "KVP_TEST_POOL_SERVER=%s", pf);
     snprintf(penv, sizeof penv, "KVP_TEST_POOL_PORT=%u", (unsigned)want);
-    char *envp[] = {env, "KVP_LOG_LEVEL=error", want ? penv : NULL, NULL};
+    char *envp[5] = {env, "KVP_LOG_LEVEL=error"};
+    int ne = 2;
+    if (!filter)
+        envp[ne++] = "KVP_TEST_POOL_NO_FILTER=1";
+    if (want)
+        envp[ne++] = penv;
+    envp[ne] = NULL;
     pid_t pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
@@ -1667,6 +1677,10 @@ static pid_t pool_server_start_on(uint16_t want, char *uri, size_t len)
     return pid;
 }
 
+static pid_t pool_server_start_on(uint16_t want, char *uri, size_t len)
+{
+    return pool_server_start_with(want, true, uri, len);
+}
 static pid_t pool_server_start(char *uri, size_t len) { return pool_server_start_on(0, uri, len); }
 
 static void pool_server_stop(pid_t pid)
@@ -1677,9 +1691,69 @@ static void pool_server_stop(pid_t pid)
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
 }
 
+/* The pool server's membership filter answers a miss on this host: with
+ * the pool server stopped (SIGSTOP), a reserve of an image the pool has
+ * never held is answered write:true at once, a miss, not a pool error, and
+ * nothing parks; a reserve of an image it holds still asks it (and waits
+ * for it: answered once it runs again, cached). */
+TEST(test_ec_cross_encoder_cache_miss_answered_by_the_filter)
+{
+    char uri[64];
+    pid_t srv = pool_server_start(uri, sizeof uri);
+    kvp_pool_t *pool;
+    ASSERT_OK(kvp_pool_open(uri, &pool));
+    cons_opts_t o = {.pool = pool};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 64 << 20, &o);
+    rc_t peer;
+    rc_open(&peer, c.addr);
+    /* an image the pool holds (put there through a first reserve's miss
+     * and the producer's put, as in a run: here straight into the pool) */
+    char key[KVP_KEY_MAX + 1];
+    size_t klen;
+    ASSERT_OK(kvp__ec_store_key("m", "HF1", key, sizeof key, &klen));
+    size_t nb = 64; /* RESERVE_FMT's tensor: [4, 8] bf16 */
+    uint8_t *val = calloc(1, nb);
+    kvp_key_t k = {key, (uint32_t)klen};
+    kvp_iov_t iov = {val, nb};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t kr;
+    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &kr));
+    ASSERT_OK(kr.status);
+    ASSERT_EQ(kill(srv, SIGSTOP), 0);
+    uint64_t t0 = kvp__now_ns();
+    ASSERT(strstr(reserve(&peer, "TF0", "HF0"), "\"write\":true"));
+    ASSERT_LT((kvp__now_ns() - t0) / 1000000u, 200); /* no lookup deadline waited */
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_misses, 1);
+    ASSERT_EQ(st.cross_cache_errors, 0);
+    ASSERT_EQ(st.cross_cache_parked, 0);
+    /* the held image: its lookup goes to the stopped server and parks */
+    char buf[256];
+    snprintf(buf, sizeof buf, RESERVE_FMT, "TF1", "HF1");
+    ASSERT_EQ(zmq_send(peer.sock, buf, strlen(buf), 0), (int)strlen(buf));
+    usleep(100000);
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_parked, 1);
+    ASSERT_EQ(kill(srv, SIGCONT), 0);
+    int n = zmq_recv(peer.sock, peer.reply, sizeof peer.reply - 1, 0);
+    ASSERT_GE(n, 0);
+    peer.reply[n] = 0;
+    ASSERT_MSG(strstr(peer.reply, "\"cached\":true"), "reply %s", peer.reply);
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_hits, 1);
+    free(val);
+    rc_close(&peer);
+    kvp_ec_worker_destroy(c.w);
+    kvp_pool_close(pool);
+    pool_server_stop(srv);
+}
+
 /* A peer that can hold parked reserves against a stopped pool: 40 reserves
  * of fresh hashes from 40 sockets while the cross-encoder cache's pool
- * server is stopped (SIGSTOP) park for their lookups; meanwhile a healthy
+ * server (without the membership filter, so that every lookup asks it) is
+ * stopped (SIGSTOP) park for their lookups; meanwhile a healthy
  * peer's request is served at once; every parked reserve is answered
  * (write) once the lookups' deadline passes, nothing stays parked, the
  * failure counts, and the reserves after it skip the pool (backoff) and are
@@ -1687,7 +1761,7 @@ static void pool_server_stop(pid_t pid)
 TEST(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held)
 {
     char uri[64];
-    pid_t srv = pool_server_start(uri, sizeof uri);
+    pid_t srv = pool_server_start_with(0, false, uri, sizeof uri);
     kvp_pool_t *pool;
     ASSERT_OK(kvp_pool_open(uri, &pool));
     cons_opts_t o = {.pool = pool};
@@ -1944,6 +2018,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
+          T(test_ec_cross_encoder_cache_miss_answered_by_the_filter),
           T(test_ec_cross_encoder_cache_pool_down_at_start_then_up),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
           T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
