@@ -565,7 +565,18 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
         n->shadow[r].n = n;
         kvp__strmap_init(&n->shadow[r].map);
     }
-    if (o->pool_uri && (st = kvp_pool_open(o->pool_uri, &n->pool)) != KVP_OK) {
+    /* A kvpool:// pool that is down (or not up yet) must not keep the node
+     * from serving: the cross-encoder cache is an optimisation, so the
+     * handle connects lazily (lookups back off while it is unreachable, and
+     * it connects once the server answers) unless the URI says otherwise. */
+    char uri[1024];
+    const char *pool_uri = o->pool_uri;
+    if (pool_uri && !strncmp(pool_uri, "kvpool://", 9) && !strstr(pool_uri, "connect=")) {
+        int w = snprintf(uri, sizeof uri, "%s%sconnect=lazy", pool_uri, strchr(pool_uri, '?') ? "&" : "?");
+        if (w > 0 && (size_t)w < sizeof uri)
+            pool_uri = uri;
+    }
+    if (pool_uri && (st = kvp_pool_open(pool_uri, &n->pool)) != KVP_OK) {
         kvp_error("epd-node: cannot open the pool %s: %s", o->pool_uri, kvp_status_str(st));
         return st;
     }

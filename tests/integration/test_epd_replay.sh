@@ -74,6 +74,12 @@ check replay_epd_cross_encoder_cache_hits jcheck second "rc == 0 and j['failures
 kill $SRV_PID 2>/dev/null
 wait $SRV_PID 2>/dev/null
 SRV_PID=""
+# the same pool URI with its server gone (nothing listens there now): the
+# nodes start all the same (the pool handle connects lazily), every push
+# goes, and the cross-encoder cache's lookups fail and back off
+epd downpool --requests 20 --size 1MiB --pool "$URI" --push-wait-s 10
+check replay_epd_pool_down_from_the_start jcheck downpool "$CLEAN and j['requests'] == 20 and j['cross_cache_hits'] == 0"
+check replay_epd_pool_down_from_the_start_backs_off sh -c "grep -Eq 'lookups: [0-9]+ misses, [1-9][0-9]* pool errors, [1-9][0-9]* skipped' '$T/downpool.out'"
 
 # ------------------------------------------------ faults
 # the encoder killed (SIGKILL) after 5 pushes, well inside the first window
