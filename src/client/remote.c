@@ -311,38 +311,28 @@ static uint32_t slice_len(const kvp_op_t *op, uint32_t off)
 /* The server's membership filter (docs/transport.md §10), where this
  * connection mapped it: an EXISTS whose keys it calls absent, every one, or
  * a PREFIX whose first key it calls absent, ends here, without a round
- * trip; a PREFIX stops at its first absent key.  (Not a GET: the server
- * counts its misses.)  Returns how many of the op's first keys still go to
- * the server (0: none; the op ended here). */
-static uint32_t filter_pass(remote_t *r, kvp_op_t *op, uint32_t n)
+ * trip (present all 0, or prefix 0): returns 1.  Only the first key of a
+ * PREFIX is looked at, and an EXISTS stops at its first maybe-present key,
+ * so a lookup that goes to the server pays for one probe, about.  (Not a
+ * GET: the server counts its misses.)  Under mu, which keeps the mapping. */
+static int filter_answers(remote_t *r, kvp_op_t *op, uint32_t n)
 {
     if (op->type != KVP_OP_EXISTS && op->type != KVP_OP_PREFIX)
-        return n;
+        return 0;
     pthread_mutex_lock(&r->mu);
-    kvp__lmap_t *m = r->lmap && r->lmap_gen == r->gen && kvp__remote_do_ready(r) && kvp__lmap_filter(r->lmap)
-                         ? r->lmap
-                         : NULL;
-    if (m)
-        kvp__lmap_ref(m);
+    const kvp__cfilter_t *f =
+        r->lmap && r->lmap_gen == r->gen && kvp__remote_do_ready(r) ? kvp__lmap_filter(r->lmap) : NULL;
+    uint32_t i = 0, upto = op->type == KVP_OP_PREFIX ? 1 : n;
+    while (f && i < upto && !kvp__cfilter_maybe(f, kvp__key_hash(op->keys[i].data, op->keys[i].len)))
+        i++;
     pthread_mutex_unlock(&r->mu);
-    if (!m)
-        return n;
-    const kvp__cfilter_t *f = kvp__lmap_filter(m);
-    uint32_t i = 0;
-    if (op->type == KVP_OP_PREFIX) {
-        while (i < n && kvp__cfilter_maybe(f, kvp__key_hash(op->keys[i].data, op->keys[i].len)))
-            i++;
-    } else {
-        while (i < n && !kvp__cfilter_maybe(f, kvp__key_hash(op->keys[i].data, op->keys[i].len)))
-            i++;
-        i = i == n ? 0 : n;
-    }
-    kvp__lmap_put(m);
-    if (i == 0 && op->type == KVP_OP_PREFIX)
+    if (!f || i < upto)
+        return 0;
+    if (op->type == KVP_OP_PREFIX)
         *op->prefix_len = 0;
-    else if (i == 0)
+    else
         memset(op->present, 0, n);
-    return i;
+    return 1;
 }
 
 static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
@@ -359,7 +349,7 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
     }
     if (n == 0 && op->type != KVP_OP_REMOVE_ALL)
         return KVP_OK;
-    if (n && (n = filter_pass(r, op, n)) == 0)
+    if (n && filter_answers(r, op, n))
         return KVP_OK;
     opctx_t *oc = kvp__calloc(1, sizeof *oc);
     if (!oc)
