@@ -35,40 +35,37 @@ void kvp__cfilter_attach(kvp__cfilter_t *f, const void *mem, uint64_t nblocks)
     f->nblocks = nblocks;
 }
 
-void kvp__cfilter_add(kvp__cfilter_t *f, uint64_t h)
+/* One counter one step up or down, atomically.  255 is stuck; 0 is never
+ * stepped down (it cannot happen for a key that was added, whose own add is
+ * still counted: left alone rather than wrapped).  Returns 1 when this step
+ * made it stick. */
+static int step(_Atomic uint8_t *c, int up)
 {
-    if (!f->c)
-        return;
-    unsigned pos[KVP_CF_K];
-    _Atomic uint8_t *b = locate(f, h, pos);
-    for (unsigned i = 0; i < KVP_CF_K; i++) {
-        uint8_t v = atomic_load_explicit(&b[pos[i]], memory_order_relaxed);
-        while (v != 255 && !atomic_compare_exchange_weak_explicit(&b[pos[i]], &v, (uint8_t)(v + 1),
-                                                                  memory_order_release, memory_order_relaxed))
-            ;
-        if (v == 254)
-            atomic_fetch_add_explicit(&f->saturated, 1, memory_order_relaxed);
-    }
-    atomic_fetch_add_explicit(&f->keys, 1, memory_order_relaxed);
+    uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
+    while (v != 255 && (up || v != 0) &&
+           !atomic_compare_exchange_weak_explicit(c, &v, (uint8_t)(up ? v + 1 : v - 1), memory_order_release,
+                                                  memory_order_relaxed))
+        ;
+    return up && v == 254;
 }
 
-void kvp__cfilter_del(kvp__cfilter_t *f, uint64_t h)
+static void change(kvp__cfilter_t *f, uint64_t h, int up)
 {
     if (!f->c)
         return;
     unsigned pos[KVP_CF_K];
     _Atomic uint8_t *b = locate(f, h, pos);
-    for (unsigned i = 0; i < KVP_CF_K; i++) {
-        uint8_t v = atomic_load_explicit(&b[pos[i]], memory_order_relaxed);
-        /* 255: stuck.  0 cannot happen for a key that was added (its own
-         * add is still counted); it is left alone rather than wrapped. */
-        while (v != 255 && v != 0 &&
-               !atomic_compare_exchange_weak_explicit(&b[pos[i]], &v, (uint8_t)(v - 1), memory_order_release,
-                                                      memory_order_relaxed))
-            ;
-    }
-    atomic_fetch_sub_explicit(&f->keys, 1, memory_order_relaxed);
+    for (unsigned i = 0; i < KVP_CF_K; i++)
+        if (step(&b[pos[i]], up))
+            atomic_fetch_add_explicit(&f->saturated, 1, memory_order_relaxed);
+    if (up)
+        atomic_fetch_add_explicit(&f->keys, 1, memory_order_relaxed);
+    else
+        atomic_fetch_sub_explicit(&f->keys, 1, memory_order_relaxed);
 }
+
+void kvp__cfilter_add(kvp__cfilter_t *f, uint64_t h) { change(f, h, 1); }
+void kvp__cfilter_del(kvp__cfilter_t *f, uint64_t h) { change(f, h, 0); }
 
 int kvp__cfilter_maybe(const kvp__cfilter_t *f, uint64_t h)
 {
