@@ -50,6 +50,7 @@ void kvp__log_rl(kvp_log_level_t level, const char *file, int line, unsigned lon
         if (kvp__log_enabled(lvl) && kvp__log_rl_pass(&kvp__rl, &kvp__sup))          \
             kvp__log_rl(lvl, __FILE__, __LINE__, kvp__sup, __VA_ARGS__);             \
     } while (0)
+#define kvp_error_rl(...) KVP_LOG_RL(KVP_LOG_ERROR, __VA_ARGS__)
 #define kvp_warn_rl(...) KVP_LOG_RL(KVP_LOG_WARN, __VA_ARGS__)
 #define kvp_info_rl(...) KVP_LOG_RL(KVP_LOG_INFO, __VA_ARGS__)
 

@@ -299,7 +299,9 @@ static kvp_status_t tcp_connect(const char *host, uint16_t port, uint64_t deadli
             st = KVP_ERR_CONN_REFUSED;
     }
     if (st != KVP_OK) {
-        kvp_error("connect: %s:%u: %s", host, port, kvp_status_str(st));
+        /* (rate-limited: handles that retry with backoff, many at once,
+         * against a server that is down would each log every attempt) */
+        kvp_error_rl("connect: %s:%u: %s", host, port, kvp_status_str(st));
         close(fd);
         return st;
     }
