@@ -57,6 +57,7 @@
 #include "engine/mm.h"
 #include "kvpool/ec_connector.h"
 #include "kvpool/pool.h"
+#include "server/metrics.h"
 
 #define MAX_TP 8
 
@@ -81,6 +82,7 @@ struct node {
     kvp_ec_config_t cfg;
     char addr_buf[128];
     kvp_pool_t *pool;
+    kvp__metrics_t *metrics; /* --metrics-port */
     kvp_ec_worker_t *w[MAX_TP];
     shadow_t shadow[MAX_TP];
     kvp_ec_zmq_t *zmq;
@@ -500,6 +502,7 @@ int kvp_tool_free_ports(size_t nports)
 typedef struct opts {
     const char *role, *pool_uri, *consumer_zmq, *model;
     uint64_t tp, size, pool_size, push_wait_s, lease_ms, control_timeout_ms, cache_images, seed;
+    uint64_t metrics_port; /* UINT64_MAX: none */
     double drop_p;
 } opts_t;
 
@@ -550,6 +553,23 @@ static kvp_status_t make_workers(node_t *n, const opts_t *o)
             return st; /* only a lost port race is worth another try */
     }
     return KVP_ERR_IO;
+}
+
+/* --metrics-port: the workers' kvp_ec_worker_metrics, one rank each. */
+static char *render_metrics(void *arg, size_t *len_p, size_t *cap_p)
+{
+    node_t *n = arg;
+    size_t len = 0;
+    *len_p = *cap_p = 0;
+    kvp_ec_worker_metrics(n->w, n->tp, NULL, 0, &len);
+    char *text = kvp__malloc(len + 1);
+    if (!text || kvp_ec_worker_metrics(n->w, n->tp, text, len + 1, &len) != KVP_OK) {
+        kvp__free(text, len + 1);
+        return NULL;
+    }
+    *len_p = len;
+    *cap_p = len + 1;
+    return text;
 }
 
 static kvp_status_t node_start(node_t *n, const opts_t *o)
@@ -639,6 +659,15 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
         jstr(&b, "consumer_zmq", kvp_ec_worker_control_addr(n->w[0]));
         jstr(&b, "echo", n->echo.addr);
     }
+    if (o->metrics_port != UINT64_MAX) {
+        if (kvp__metrics_start("127.0.0.1", (uint16_t)o->metrics_port, render_metrics, n, &n->metrics) != KVP_OK) {
+            kvp__jw_cleanup(&b);
+            return KVP_ERR_IO;
+        }
+        char url[64];
+        snprintf(url, sizeof url, "http://127.0.0.1:%u/metrics", (unsigned)kvp__metrics_port(n->metrics));
+        jstr(&b, "metrics", url);
+    }
     kvp__jw_puts(&b, "}\n");
     emit(n, &b);
     kvp__jw_cleanup(&b);
@@ -647,6 +676,7 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
 
 static void node_stop(node_t *n)
 {
+    kvp__metrics_stop(n->metrics);
     kvp_tool_echo_stop(&n->echo);
     if (n->samp_started) {
         atomic_store(&n->samp_quit, true);
@@ -893,6 +923,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvpool epd-node --role encoder|prefill --size BYTES [--pool URI] [--consumer-zmq ADDR]\n"
                "         [--consumer-tp N] [--pool-size BYTES] [--push-wait-s S] [--lease-ms MS]\n"
                "         [--control-timeout-ms MS] [--cache-images N] [--drop-events P] [--seed N]\n"
+               "         [--metrics-port P]  (the workers' figures as Prometheus text on 127.0.0.1:P,\n"
+               "         0 = any free port; its URL in the ready line)\n"
                "  started by `kvpool replay --epd` (JSON lines on stdin/stdout); not for direct use\n");
 }
 
@@ -907,6 +939,7 @@ int kvp_cmd_epd_node(int argc, char **argv)
     o.cache_images = 16;
     o.model = "epd-model";
     o.seed = 1;
+    o.metrics_port = UINT64_MAX;
     for (int i = 1; i < argc; i += 2) { /* --option value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = v != NULL;
@@ -935,6 +968,8 @@ int kvp_cmd_epd_node(int argc, char **argv)
             ok = kvp__parse_u64(v, 1, 1 << 20, &o.cache_images) == KVP_OK;
         else if (!strcmp(a, "--seed"))
             ok = kvp__parse_u64(v, 0, UINT64_MAX, &o.seed) == KVP_OK;
+        else if (!strcmp(a, "--metrics-port"))
+            ok = kvp__parse_u64(v, 0, 65535, &o.metrics_port) == KVP_OK;
         else if (!strcmp(a, "--drop-events")) {
             char *end;
             o.drop_p = v ? strtod(v, &end) : -1;

@@ -669,6 +669,15 @@ typedef struct kvp_ec_worker_stats {
 
 KVP_API void kvp_ec_worker_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st);
 
+/* Those figures of n workers (1..64; a process's TP ranks) as Prometheus
+ * text: kvpool_ec_* gauges for what is held now, *_total counters for the
+ * rest, one series per worker labelled rank="i" (its index in w),
+ * NUL-terminated, into buf.  *len_p: the text's length;
+ * KVP_ERR_BUFFER_TOO_SMALL when buf_size is not more than that (ask with
+ * buf NULL and buf_size 0 first). */
+KVP_API kvp_status_t kvp_ec_worker_metrics(kvp_ec_worker_t *const *w, size_t n, char *buf, size_t buf_size,
+                                           size_t *len_p);
+
 #ifdef __cplusplus
 }
 #endif

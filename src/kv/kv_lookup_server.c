@@ -33,7 +33,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +45,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/prom.h"
 #include "common/sized.h"
 #include "kv/kv_lookup_wire.h"
 #include "kvpool/kv_connector.h"
@@ -498,29 +498,6 @@ void kvp_kv_lookup_server_stats(const kvp_kv_lookup_server_t *s,
 
 /* ----------------------------------------------------------------- metrics */
 
-typedef struct {
-    char *buf;
-    size_t cap, len; /* len: what the text needs, also past cap */
-} mbuf_t;
-
-static void mout(mbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mout(mbuf_t *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    bool room = b->len < b->cap;
-    int n = vsnprintf(room ? b->buf + b->len : NULL, room ? b->cap - b->len : 0, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        b->len += (size_t)n;
-}
-
-static void counter(mbuf_t *b, const char *name, const char *help, uint64_t v)
-{
-    mout(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
-         (unsigned long long)v);
-}
-
 kvp_status_t kvp_kv_lookup_server_metrics(const kvp_kv_lookup_server_t *s, char *buf,
                                           size_t buf_size, size_t *len_p)
 {
@@ -530,26 +507,26 @@ kvp_status_t kvp_kv_lookup_server_metrics(const kvp_kv_lookup_server_t *s, char 
     kvp_kv_lookup_stats_t ls;
     kvp_kv_lookup_server_stats(s, &ss);
     kvp_kv_lookup_pool_stats(s->lookup, &ls);
-    mbuf_t b = {buf, buf_size, 0};
-    counter(&b, "kvpool_lookup_server_requests_total", "Messages received on the lookup socket.",
+    kvp__prom_t b = {buf, buf_size, 0};
+    kvp__prom_counter(&b, "kvpool_lookup_server_requests_total", "Messages received on the lookup socket.",
             ss.requests);
-    counter(&b, "kvpool_lookup_server_lookups_total", "Well-formed LOOKUPs answered.", ss.lookups);
-    counter(&b, "kvpool_lookup_server_resets_total", "RESETs received (ACK or NACK).", ss.resets);
-    counter(&b, "kvpool_lookup_server_bad_frames_total", "Malformed messages answered \\x00.",
+    kvp__prom_counter(&b, "kvpool_lookup_server_lookups_total", "Well-formed LOOKUPs answered.", ss.lookups);
+    kvp__prom_counter(&b, "kvpool_lookup_server_resets_total", "RESETs received (ACK or NACK).", ss.resets);
+    kvp__prom_counter(&b, "kvpool_lookup_server_bad_frames_total", "Malformed messages answered \\x00.",
             ss.bad_frames);
-    counter(&b, "kvpool_lookup_server_unknown_tags_total", "Unknown message tags answered \\x00.",
+    kvp__prom_counter(&b, "kvpool_lookup_server_unknown_tags_total", "Unknown message tags answered \\x00.",
             ss.unknown_tags);
-    counter(&b, "kvpool_lookups_total", "Lookups computed against the pool.", ls.lookups);
-    counter(&b, "kvpool_lookup_hit_tokens_total", "Sum of the hits answered, in tokens.",
+    kvp__prom_counter(&b, "kvpool_lookups_total", "Lookups computed against the pool.", ls.lookups);
+    kvp__prom_counter(&b, "kvpool_lookup_hit_tokens_total", "Sum of the hits answered, in tokens.",
             ls.hit_tokens);
-    counter(&b, "kvpool_lookup_queried_tokens_total", "Sum of the tokens asked about.",
+    kvp__prom_counter(&b, "kvpool_lookup_queried_tokens_total", "Sum of the tokens asked about.",
             ls.queried_tokens);
-    counter(&b, "kvpool_lookup_keys_probed_total", "Store keys asked of the pool.", ls.keys_probed);
-    counter(&b, "kvpool_lookup_resets_total", "Pool resets done by the lookup.", ls.resets);
-    mout(&b, "# HELP kvpool_lookup_misses_total Lookups by why the hit stopped where it did.\n"
+    kvp__prom_counter(&b, "kvpool_lookup_keys_probed_total", "Store keys asked of the pool.", ls.keys_probed);
+    kvp__prom_counter(&b, "kvpool_lookup_resets_total", "Pool resets done by the lookup.", ls.resets);
+    kvp__prom_printf(&b, "# HELP kvpool_lookup_misses_total Lookups by why the hit stopped where it did.\n"
              "# TYPE kvpool_lookup_misses_total counter\n");
     for (int r = 0; r < KVP_KV_MISS__COUNT; r++)
-        mout(&b, "kvpool_lookup_misses_total{reason=\"%s\"} %llu\n",
+        kvp__prom_printf(&b, "kvpool_lookup_misses_total{reason=\"%s\"} %llu\n",
              kvp_kv_miss_reason_name((kvp_kv_miss_reason_t)r), (unsigned long long)ls.reasons[r]);
     *len_p = b.len;
     return b.len < buf_size ? KVP_OK : KVP_ERR_BUFFER_TOO_SMALL;

@@ -113,5 +113,16 @@ epd killpool --requests 80 --size 1MiB --faults kill-pool@20 --push-wait-s 5
 check replay_epd_pool_down_pushes_still_work jcheck killpool "$CLEAN and j['requests'] == 80 and j['pushes'] >= 150"
 check replay_epd_pool_down_lookups_back_off sh -c "grep -q 'pool server killed' '$T/killpool.out' && grep -Eq 'lookups: [0-9]+ misses, [1-9][0-9]* pool errors, [1-9][0-9]* skipped' '$T/killpool.out'"
 
+# epd-node --metrics-port 0: the prefill node's workers (two TP ranks)
+# serve their figures as Prometheus text; its URL is in the ready line
+sleep 4 | "$KVP" epd-node --role prefill --size 1MiB --consumer-tp 2 --pool-size 16MiB --metrics-port 0 \
+    >"$T/node.out" 2>"$T/node.err" &
+i=0
+while ! grep -q '"metrics"' "$T/node.out" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+MURL=$(sed -n 's/.*"metrics":"\([^"]*\)".*/\1/p' "$T/node.out")
+/usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" \
+    "$MURL" >"$T/node.metrics" 2>/dev/null
+check epd_node_metrics_per_rank sh -c "grep -qx 'kvpool_ec_reservations_active{rank=\"0\"} 0' '$T/node.metrics' && grep -qx 'kvpool_ec_reservations_active{rank=\"1\"} 0' '$T/node.metrics' && grep -qx '# TYPE kvpool_ec_reserves_total counter' '$T/node.metrics'"
+wait
 check replay_epd_usage_errors sh -c "'$KVP' replay --epd --faults frob@1 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --size 3 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --frob >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --help | grep -q 'kvpool server'"
 checks_end

@@ -267,6 +267,56 @@ TEST(test_ec_control_ops_peers_event_port_status)
     kvp_ec_worker_destroy(c.w);
 }
 
+/* What peers hold in a worker is in its metrics page: a reservation and
+ * its bytes while it is open, gone once cancelled; the page is sized by a
+ * first call without a buffer, refused whole into a short one. */
+static double ec_metric(kvp_ec_worker_t *w, const char *series)
+{
+    size_t len = 0;
+    kvp_ec_worker_t *ws[1] = {w};
+    ASSERT_EQ(kvp_ec_worker_metrics(ws, 1, NULL, 0, &len), KVP_ERR_BUFFER_TOO_SMALL);
+    ASSERT_GT(len, 1000);
+    char *text = malloc(len + 1);
+    size_t len2 = 0;
+    ASSERT_EQ(kvp_ec_worker_metrics(ws, 1, text, len, &len2), KVP_ERR_BUFFER_TOO_SMALL); /* no room for the NUL */
+    ASSERT_OK(kvp_ec_worker_metrics(ws, 1, text, len + 1, &len2));
+    ASSERT_EQ(len2, len);
+    ASSERT_EQ(strlen(text), len);
+    const char *at = strstr(text, series);
+    double v = -1;
+    if (at && at[strlen(series)] == ' ')
+        v = strtod(at + strlen(series) + 1, NULL);
+    ASSERT_MSG(strstr(text, "# TYPE kvpool_ec_reservations_active gauge\n"), "%s", text);
+    ASSERT(strstr(text, "# TYPE kvpool_ec_reserves_total counter\n"));
+    free(text);
+    return v;
+}
+
+TEST(test_ec_metrics_show_what_peers_hold)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, NULL);
+    rc_t r;
+    rc_open(&r, c.addr);
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_reservations_active{rank=\"0\"}"), 0);
+    char rid[64];
+    field(reserve(&r, "TM", "HM"), "reservation_id", rid, sizeof rid);
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_reservations_active{rank=\"0\"}"), 1);
+    ASSERT_GE(ec_metric(c.w, "kvpool_ec_bytes_reserved{rank=\"0\"}"), 64); /* (its extent, rounded up) */
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_reserves_total{rank=\"0\"}"), 1);
+    ASSERT(strstr(rc(&r, "{\"op\":\"cancel\",\"transfer_id\":\"TM\",\"abandon\":true}"), "\"cancelled\":true"));
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_reservations_active{rank=\"0\"}"), 0);
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_bytes_reserved{rank=\"0\"}"), 0);
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_cancels_total{rank=\"0\"}"), 1);
+    /* bad arguments */
+    size_t len;
+    kvp_ec_worker_t *none[1] = {NULL};
+    ASSERT_EQ(kvp_ec_worker_metrics(none, 1, NULL, 0, &len), KVP_ERR_NULL_POINTER);
+    ASSERT_EQ(kvp_ec_worker_metrics(&c.w, 0, NULL, 0, &len), KVP_ERR_INVALID_ARG);
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
 TEST(test_ec_control_bad_input_gets_error_replies_server_goes_on)
 {
     cons_t c;
@@ -2018,7 +2068,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
-          T(test_ec_cross_encoder_cache_miss_answered_by_the_filter),
+          T(test_ec_cross_encoder_cache_miss_answered_by_the_filter), T(test_ec_metrics_show_what_peers_hold),
           T(test_ec_cross_encoder_cache_pool_down_at_start_then_up),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
           T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
