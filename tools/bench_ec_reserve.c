@@ -39,6 +39,7 @@
 
 typedef struct {
     uint64_t rounds, per_round, size;
+    uint64_t gap_us; /* idle time before each timed op (the replay's sparse ops) */
     const char *pool_uri;
     bool json;
 } opts_t;
@@ -117,10 +118,18 @@ static void hash_name(char *buf, size_t len, const char *kind, uint64_t i)
 
 static void hit_name(char *buf, size_t len, uint64_t i) { hash_name(buf, len, "hit", i); }
 
+static void gap(const opts_t *o)
+{
+    if (o->gap_us)
+        usleep((useconds_t)o->gap_us);
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: kvpool bench --ec-reserve [--rounds N] [--per-round K] [--size BYTES] [--pool URI] "
-                    "[--json]\n");
+                    "[--gap-us US] [--json]\n"
+                    "  --gap-us: idle this long before each timed round trip (default 0: back to back; the\n"
+                    "  replay's reserves come a few ms apart, to threads that went to sleep)\n");
     return 2;
 }
 
@@ -143,6 +152,8 @@ int kvp_bench_ec_reserve(int argc, char **argv)
         else if (!strcmp(a, "--rounds") && kvp__parse_u64(v, 1, 100000, &o.rounds) == KVP_OK)
             ;
         else if (!strcmp(a, "--per-round") && kvp__parse_u64(v, 1, 10000, &o.per_round) == KVP_OK)
+            ;
+        else if (!strcmp(a, "--gap-us") && kvp__parse_u64(v, 0, 1000000, &o.gap_us) == KVP_OK)
             ;
         else if (!strcmp(a, "--size") && kvp__parse_size(v, &o.size) == KVP_OK && o.size >= 4 * HIDDEN &&
                  o.size <= (256u << 20))
@@ -212,15 +223,18 @@ int kvp_bench_ec_reserve(int argc, char **argv)
     for (int i = 0; i < 50 && st == KVP_OK; i++) /* warm-up */
         st = kvp_tool_ping(&pinger) ? KVP_OK : KVP_ERR_IO;
     for (uint64_t r = 0; r < o.rounds && st == KVP_OK; r++) {
-        for (uint64_t k = 0; k < o.per_round && st == KVP_OK; k++)
+        for (uint64_t k = 0; k < o.per_round && st == KVP_OK; k++) {
+            gap(&o);
             if (!(ping[r * o.per_round + k] = kvp_tool_ping(&pinger)))
                 st = KVP_ERR_IO;
+        }
         for (uint64_t k = 0; k < o.per_round && st == KVP_OK; k++) {
             char tid[96], hash[96];
             bool cached = false;
             uint64_t i = r * o.per_round + k;
             snprintf(tid, sizeof tid, "miss-%" PRIu64, i);
             hash_name(hash, sizeof hash, "miss", i);
+            gap(&o);
             st = kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &miss[i], &cached, NULL);
             if (st == KVP_OK && cached)
                 st = KVP_ERR_INVALID_ARG; /* a fresh hash cannot be cached */
@@ -231,6 +245,7 @@ int kvp_bench_ec_reserve(int argc, char **argv)
             uint64_t i = r * o.per_round + k;
             snprintf(tid, sizeof tid, "hit-%" PRIu64, i);
             hash_name(hash, sizeof hash, "hit", i);
+            gap(&o);
             st = kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &hit[n_hit++], &cached, NULL);
             n_hit_cached += cached;
         }

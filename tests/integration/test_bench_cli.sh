@@ -41,4 +41,12 @@ r = json.loads(sys.stdin.read())
 assert r[\"blocks\"] == 1000 and r[\"count\"] == 100, r
 assert r[\"lookup_p99_us\"] >= r[\"lookup_p50_us\"] > 0 and r[\"zmq_rtt_us\"] > 0, r
 '"
+# the EC reserve against the bare round trip, spaced (--gap-us) and not
+check bench_ec_reserve_json sh -c "'$KVP' bench --ec-reserve --rounds 2 --per-round 3 --size 64KiB --gap-us 500 --json | tail -n 1 | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+assert r[\"rounds\"] == 2 and r[\"per_round\"] == 3 and r[\"pool\"] is False, r
+assert r[\"zmq_rtt_us\"] > 0 and r[\"reserve_p50_us\"] > 0 and r[\"reserve_over_rtt\"] > 0, r
+'"
+check bench_ec_reserve_bad_gap sh -c "! '$KVP' bench --ec-reserve --gap-us 2000000 2>/dev/null"
 checks_end
