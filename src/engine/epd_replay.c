@@ -683,7 +683,11 @@ static kvp_status_t start_server(run_t *r, const char *dir)
     kvp_status_t st = spawn(&r->server, argv, false);
     if (st != KVP_OK)
         return st;
-    for (int k = 0; k < 200; k++) {
+    /* It writes the port file once its arena is faulted in: 10 s, and 4 s
+     * more per GiB of arena (this VM faults in about 1 GiB/s), while it
+     * lives. */
+    uint64_t waits = (10 + 4 * (need >> 30)) * 20;
+    for (uint64_t k = 0; k < waits; k++) {
         FILE *f = fopen(port_file, "r");
         unsigned port = 0;
         if (f) {
