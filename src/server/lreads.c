@@ -128,13 +128,6 @@ kvp_status_t kvp__lr_init(server_t *s)
     lr->nslots = LR_SLOTS;
     uint64_t ns = LR_SLOTS;
     memcpy(lr->map + KVP_WIRE_LR_NSLOTS_OFF, &ns, sizeof ns);
-    /* The membership filter, after the generations; the store keeps it
-     * from the first put on. */
-    if (fblocks && kvp__store_set_filter(s->store, lr->map + gens_end, fblocks) == KVP_OK) {
-        uint64_t off = gens_end;
-        memcpy(lr->map + KVP_WIRE_LR_FILTER_OFF, &off, sizeof off);
-        memcpy(lr->map + KVP_WIRE_LR_FILTER_BLOCKS_OFF, &fblocks, sizeof fblocks);
-    }
     lr->gen = (_Atomic uint64_t *)(void *)(lr->map + KVP_WIRE_LR_GEN_OFF);
     for (uint32_t i = 0; i < LR_SLOTS; i++)
         lr->free_slots[i] = LR_SLOTS - 1 - i;
@@ -142,6 +135,15 @@ kvp_status_t kvp__lr_init(server_t *s)
     lr->nbuckets = LR_BUCKETS;
     if (kvp__random_bytes(&lr->seed, sizeof lr->seed) != KVP_OK)
         goto fail;
+    /* The membership filter, after the generations; the store keeps it
+     * from the first put on.  Last: nothing after this may fail, since the
+     * store writes into this mapping from now on (and the server unmaps it
+     * only after the last request). */
+    if (fblocks && kvp__store_set_filter(s->store, lr->map + gens_end, fblocks) == KVP_OK) {
+        uint64_t off = gens_end;
+        memcpy(lr->map + KVP_WIRE_LR_FILTER_OFF, &off, sizeof off);
+        memcpy(lr->map + KVP_WIRE_LR_FILTER_BLOCKS_OFF, &fblocks, sizeof fblocks);
+    }
     return KVP_OK;
 fail:
     kvp__lr_destroy(s);
