@@ -556,20 +556,15 @@ static kvp_status_t make_workers(node_t *n, const opts_t *o)
 }
 
 /* --metrics-port: the workers' kvp_ec_worker_metrics, one rank each. */
+static kvp_status_t workers_text(void *ctx, char *buf, size_t cap, size_t *len_p)
+{
+    node_t *n = ctx;
+    return kvp_ec_worker_metrics(n->w, n->tp, buf, cap, len_p);
+}
+
 static char *render_metrics(void *arg, size_t *len_p, size_t *cap_p)
 {
-    node_t *n = arg;
-    size_t len = 0;
-    *len_p = *cap_p = 0;
-    kvp_ec_worker_metrics(n->w, n->tp, NULL, 0, &len);
-    char *text = kvp__malloc(len + 1);
-    if (!text || kvp_ec_worker_metrics(n->w, n->tp, text, len + 1, &len) != KVP_OK) {
-        kvp__free(text, len + 1);
-        return NULL;
-    }
-    *len_p = len;
-    *cap_p = len + 1;
-    return text;
+    return kvp_tool_text(workers_text, arg, len_p, cap_p);
 }
 
 static kvp_status_t node_start(node_t *n, const opts_t *o)

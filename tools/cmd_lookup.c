@@ -217,20 +217,14 @@ static void server_usage(FILE *out)
 }
 
 /* The metrics endpoint's page: the server's kvp_kv_lookup_server_metrics. */
+static kvp_status_t lookup_text(void *ctx, char *buf, size_t cap, size_t *len_p)
+{
+    return kvp_kv_lookup_server_metrics(ctx, buf, cap, len_p);
+}
+
 static char *render_metrics(void *arg, size_t *len_p, size_t *cap_p)
 {
-    const kvp_kv_lookup_server_t *srv = arg;
-    size_t len = 0;
-    kvp_kv_lookup_server_metrics(srv, NULL, 0, &len);
-    char *text = kvp__malloc(len + 1);
-    if (!text || kvp_kv_lookup_server_metrics(srv, text, len + 1, &len) != KVP_OK) {
-        kvp__free(text, len + 1);
-        *len_p = *cap_p = 0;
-        return NULL;
-    }
-    *len_p = len;
-    *cap_p = len + 1;
-    return text;
+    return kvp_tool_text(lookup_text, arg, len_p, cap_p);
 }
 
 int kvp_cmd_lookup_server(int argc, char **argv)
@@ -294,12 +288,11 @@ int kvp_cmd_lookup_server(int argc, char **argv)
             sigwait(&sigs, &sig);
         kvp__metrics_stop(http);
         if (o.print_metrics) {
-            size_t len = 0;
-            kvp_kv_lookup_server_metrics(srv, NULL, 0, &len);
-            char *text = kvp__malloc(len + 1);
-            if (text && kvp_kv_lookup_server_metrics(srv, text, len + 1, &len) == KVP_OK)
+            size_t len, cap;
+            char *text = render_metrics(srv, &len, &cap);
+            if (text)
                 fputs(text, stdout);
-            kvp__free(text, len + 1);
+            kvp__free(text, cap);
         }
         kvp_kv_lookup_server_stop(srv);
     }

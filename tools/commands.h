@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvpool/status.h"
+
 int kvp_cmd_bench(int argc, char **argv);
 int kvp_cmd_server(int argc, char **argv);
 int kvp_cmd_ec_sched_replay(int argc, char **argv); int kvp_bench_ec_scheduler(int argc, char **argv);
@@ -57,6 +59,13 @@ uint64_t kvp_tool_ping(kvp_tool_ping_t *p);
 void kvp_tool_ping_close(kvp_tool_ping_t *p);
 /* Sorts v[0..n) and returns its q-quantile (v[n*q]), 0 for n == 0. */
 uint64_t kvp_tool_quantile(uint64_t *v, size_t n, double q);
+
+/* A metrics page (metrics_text.c): the text fn renders into buf (cap
+ * bytes; *len_p: the whole text's length; KVP_ERR_BUFFER_TOO_SMALL when it
+ * did not fit), in a kvp__malloc buffer of *cap_p bytes (kvp__free it), or
+ * NULL. */
+typedef kvp_status_t (*kvp_tool_text_fn)(void *ctx, char *buf, size_t cap, size_t *len_p);
+char *kvp_tool_text(kvp_tool_text_fn fn, void *ctx, size_t *len_p, size_t *cap_p);
 
 
 #endif

@@ -78,5 +78,3 @@ int kvp__cfilter_maybe(const kvp__cfilter_t *f, uint64_t h)
             return 0;
     return 1;
 }
-
-uint64_t kvp__cfilter_blocks_for(uint64_t bytes) { return bytes / KVP_CF_BLOCK; }

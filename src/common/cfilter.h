@@ -44,7 +44,4 @@ void kvp__cfilter_del(kvp__cfilter_t *f, uint64_t h);
 /* 0: the key of hash h is not in the set; 1: it may be. */
 int kvp__cfilter_maybe(const kvp__cfilter_t *f, uint64_t h);
 
-/* The blocks for a filter of about `bytes` bytes (0 for 0). */
-uint64_t kvp__cfilter_blocks_for(uint64_t bytes);
-
 #endif

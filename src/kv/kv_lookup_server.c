@@ -509,25 +509,22 @@ kvp_status_t kvp_kv_lookup_server_metrics(const kvp_kv_lookup_server_t *s, char 
     kvp_kv_lookup_pool_stats(s->lookup, &ls);
     kvp__prom_t b = {buf, buf_size, 0};
     kvp__prom_counter(&b, "kvpool_lookup_server_requests_total", "Messages received on the lookup socket.",
-            ss.requests);
+                      ss.requests);
     kvp__prom_counter(&b, "kvpool_lookup_server_lookups_total", "Well-formed LOOKUPs answered.", ss.lookups);
     kvp__prom_counter(&b, "kvpool_lookup_server_resets_total", "RESETs received (ACK or NACK).", ss.resets);
     kvp__prom_counter(&b, "kvpool_lookup_server_bad_frames_total", "Malformed messages answered \\x00.",
-            ss.bad_frames);
+                      ss.bad_frames);
     kvp__prom_counter(&b, "kvpool_lookup_server_unknown_tags_total", "Unknown message tags answered \\x00.",
-            ss.unknown_tags);
+                      ss.unknown_tags);
     kvp__prom_counter(&b, "kvpool_lookups_total", "Lookups computed against the pool.", ls.lookups);
-    kvp__prom_counter(&b, "kvpool_lookup_hit_tokens_total", "Sum of the hits answered, in tokens.",
-            ls.hit_tokens);
-    kvp__prom_counter(&b, "kvpool_lookup_queried_tokens_total", "Sum of the tokens asked about.",
-            ls.queried_tokens);
+    kvp__prom_counter(&b, "kvpool_lookup_hit_tokens_total", "Sum of the hits answered, in tokens.", ls.hit_tokens);
+    kvp__prom_counter(&b, "kvpool_lookup_queried_tokens_total", "Sum of the tokens asked about.", ls.queried_tokens);
     kvp__prom_counter(&b, "kvpool_lookup_keys_probed_total", "Store keys asked of the pool.", ls.keys_probed);
     kvp__prom_counter(&b, "kvpool_lookup_resets_total", "Pool resets done by the lookup.", ls.resets);
-    kvp__prom_printf(&b, "# HELP kvpool_lookup_misses_total Lookups by why the hit stopped where it did.\n"
-             "# TYPE kvpool_lookup_misses_total counter\n");
+    kvp__prom_head(&b, "kvpool_lookup_misses_total", "counter", "Lookups by why the hit stopped where it did.");
     for (int r = 0; r < KVP_KV_MISS__COUNT; r++)
         kvp__prom_printf(&b, "kvpool_lookup_misses_total{reason=\"%s\"} %llu\n",
-             kvp_kv_miss_reason_name((kvp_kv_miss_reason_t)r), (unsigned long long)ls.reasons[r]);
+                         kvp_kv_miss_reason_name((kvp_kv_miss_reason_t)r), (unsigned long long)ls.reasons[r]);
     *len_p = b.len;
     return b.len < buf_size ? KVP_OK : KVP_ERR_BUFFER_TOO_SMALL;
 }

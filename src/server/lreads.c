@@ -89,7 +89,7 @@ static uint64_t filter_blocks(const kvp__server_params_t *p)
     uint64_t bytes = p->filter_bytes ? p->filter_bytes : p->memory / 1024u;
     if (!p->filter_bytes)
         bytes = bytes < FILTER_MIN ? FILTER_MIN : bytes > FILTER_MAX ? FILTER_MAX : bytes;
-    return kvp__cfilter_blocks_for(bytes);
+    return bytes / KVP_CF_BLOCK;
 }
 
 kvp_status_t kvp__lr_init(server_t *s)

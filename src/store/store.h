@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvpool/pool.h"
 #include "common/cfilter.h"
+#include "kvpool/pool.h"
 #include "kvpool/status.h"
 #include "store/provider.h"
 
