@@ -722,6 +722,9 @@ static void emit_stats(node_t *n)
         sum.bytes_pushed += s.bytes_pushed;
         sum.cross_cache_puts += s.cross_cache_puts;
         sum.pushes_pending += s.pushes_pending;
+        sum.reserve_busy_ns += s.reserve_busy_ns;
+        sum.reserve_cpu_ns += s.reserve_cpu_ns;
+        sum.reserve_requests += s.reserve_requests;
     }
     kvp__mm_stats_t ms;
     kvp__mm_stats(n->mm, &ms);
@@ -733,6 +736,9 @@ static void emit_stats(node_t *n)
     jint(&b, "bytes_reserved", (int64_t)sum.bytes_reserved);
     jint(&b, "reserves", (int64_t)sum.reserves);
     jint(&b, "reserves_cached", (int64_t)sum.reserves_cached);
+    jint(&b, "reserve_busy_ns", (int64_t)sum.reserve_busy_ns);
+    jint(&b, "reserve_cpu_ns", (int64_t)sum.reserve_cpu_ns);
+    jint(&b, "reserve_requests", (int64_t)sum.reserve_requests);
     jint(&b, "cross_cache_hits", (int64_t)sum.cross_cache_hits);
     jint(&b, "cross_cache_misses", (int64_t)sum.cross_cache_misses);
     jint(&b, "cross_cache_errors", (int64_t)sum.cross_cache_errors);

@@ -665,6 +665,12 @@ typedef struct kvp_ec_worker_stats {
      * waiting for a lookup now; bytes copied in from the pool */
     uint64_t cross_cache_misses, cross_cache_skipped, cross_cache_errors, cross_cache_parked;
     uint64_t cross_cache_bytes;
+    /* consumer: the control server thread's time serving requests, from a
+     * request received to its reply sent (a reserve parked for its
+     * cross-encoder cache lookup: without the wait), all of them and the
+     * reserves' (reserve and reserve_batch), and the thread's CPU time in
+     * those (without its waits for a CPU); reserve requests served */
+    uint64_t control_busy_ns, reserve_busy_ns, reserve_cpu_ns, reserve_requests;
 } kvp_ec_worker_stats_t;
 
 KVP_API void kvp_ec_worker_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st);

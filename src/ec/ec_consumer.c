@@ -252,6 +252,10 @@ void kvp__ec_consumer_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *o)
         o->control_requests = s.requests;
         o->control_errors = s.error_replies;
         o->cross_cache_parked = s.parked;
+        o->control_busy_ns = s.busy_ns;
+        o->reserve_busy_ns = s.reserve_busy_ns;
+        o->reserve_cpu_ns = s.reserve_cpu_ns;
+        o->reserve_requests = s.reserve_requests;
     }
     if (w->xcache) {
         kvp__ec_xcache_stats_t x;

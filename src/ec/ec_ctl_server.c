@@ -119,9 +119,38 @@ struct kvp__ec_ctl_server {
     atomic_uint_fast64_t n_ev_queued, n_ev_sent, n_ev_dropped, n_ev_pending;
     atomic_uint_fast64_t n_reaps;
     atomic_uint_fast64_t n_parked_now, n_parked_total, n_parked_over;
+    /* the thread's time serving requests (received -> replied or parked),
+     * all of them and the reserves' (reserve, reserve_batch) */
+    atomic_uint_fast64_t n_busy_ns, n_resv_requests, n_resv_busy_ns, n_resv_cpu_ns;
 };
 
 static int64_t now_ms(void) { return (int64_t)(kvp__now_ns() / 1000000u); }
+
+/* This thread's CPU time (ns): what serving costs without the waits for a
+ * CPU that the wall-clock time includes. */
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct {
+    uint64_t wall, cpu;
+} svc_clock_t;
+
+static svc_clock_t svc_start(void) { return (svc_clock_t){kvp__now_ns(), cpu_ns()}; }
+
+/* The time since c serving one request; reserve: a reserve op. */
+static void account(kvp__ec_ctl_server_t *s, bool reserve, svc_clock_t c)
+{
+    uint64_t dt = kvp__now_ns() - c.wall;
+    atomic_fetch_add(&s->n_busy_ns, dt);
+    if (reserve) {
+        atomic_fetch_add(&s->n_resv_busy_ns, dt);
+        atomic_fetch_add(&s->n_resv_cpu_ns, cpu_ns() - c.cpu);
+    }
+}
 
 /* ---- the event queue ---- */
 
@@ -366,8 +395,9 @@ static void op_complete(kvp__ec_ctl_server_t *s, const kvp__ec_ctl_req_t *r, kvp
  * the cross-encoder cache) starts its lookups, leaves b empty and returns
  * true: the caller parks the request. */
 static bool handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uint64_t peer, kvp__jw_t *b,
-                   bool lookups)
+                   bool lookups, bool *reserve_p)
 {
+    *reserve_p = false;
     char err[256];
     kvp__ec_ctl_req_t r;
     if (lookups)
@@ -409,6 +439,9 @@ static bool handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uin
     }
     case KVP__EC_OP_RESERVE:
     case KVP__EC_OP_RESERVE_BATCH:
+        *reserve_p = true;
+        if (lookups)
+            atomic_fetch_add(&s->n_resv_requests, 1);
         if (lookups && s->xcache) {
             want_lookups(s, &r);
             if (s->n_want)
@@ -529,8 +562,11 @@ static void serve_reported(kvp__ec_ctl_server_t *s)
             kvp__jw_t *b = &s->out;
             b->len = 0;
             b->oom = false;
-            handle(s, zmq_msg_data(&p->body), zmq_msg_size(&p->body), p->peer, b, false);
+            svc_clock_t t0 = svc_start();
+            bool reserve;
+            handle(s, zmq_msg_data(&p->body), zmq_msg_size(&p->body), p->peer, b, false, &reserve);
             send_reply(s, &p->id, b);
+            account(s, reserve, t0);
             parked_free(s, p);
         }
         lookup_free(l);
@@ -566,6 +602,7 @@ static int serve_one(kvp__ec_ctl_server_t *s)
         else
             kept++;
     }
+    svc_clock_t t0 = svc_start(); /* received: its service starts */
     /* REQ's envelope through a ROUTER: [identity][empty][request]. */
     if (frames != 3 || zmq_msg_size(&parts[1]) != 0) {
         atomic_fetch_add(&s->n_bad_env, 1);
@@ -581,14 +618,15 @@ static int serve_one(kvp__ec_ctl_server_t *s)
     b->oom = false;
     const void *req = zmq_msg_data(&parts[2]);
     size_t len = zmq_msg_size(&parts[2]);
-    bool served = true;
-    if (handle(s, req, len, peer, b, true)) { /* it waits for lookups */
+    bool served = true, reserve;
+    if (handle(s, req, len, peer, b, true, &reserve)) { /* it waits for lookups */
         served = !park(s, &parts[0], &parts[2], peer);
         if (served) /* parking refused: serve it without waiting */
-            handle(s, req, len, peer, b, false);
+            handle(s, req, len, peer, b, false, &reserve);
     }
     if (served)
         send_reply(s, &parts[0], b);
+    account(s, reserve, t0);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 1;
@@ -843,4 +881,8 @@ void kvp__ec_ctl_server_stats(kvp__ec_ctl_server_t *s, kvp__ec_ctl_server_stats_
     st->parked = atomic_load(&s->n_parked_now);
     st->parked_total = atomic_load(&s->n_parked_total);
     st->parked_over_cap = atomic_load(&s->n_parked_over);
+    st->busy_ns = atomic_load(&s->n_busy_ns);
+    st->reserve_requests = atomic_load(&s->n_resv_requests);
+    st->reserve_busy_ns = atomic_load(&s->n_resv_busy_ns);
+    st->reserve_cpu_ns = atomic_load(&s->n_resv_cpu_ns);
 }

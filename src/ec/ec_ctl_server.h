@@ -65,6 +65,12 @@ typedef struct kvp__ec_ctl_server_stats {
     uint64_t reaps;
     uint64_t parked;             /* requests waiting for cross-encoder cache lookups now */
     uint64_t parked_total, parked_over_cap;
+    /* the thread's time serving requests, from a request received to its
+     * reply sent (or to its parking, then from its lookups' end to the
+     * reply): all of them, and those of reserve and reserve_batch;
+     * reserve_cpu_ns: the thread's CPU time in those (the wall-clock time
+     * less its waits for a CPU) */
+    uint64_t busy_ns, reserve_requests, reserve_busy_ns, reserve_cpu_ns;
 } kvp__ec_ctl_server_stats_t;
 void kvp__ec_ctl_server_stats(kvp__ec_ctl_server_t *s, kvp__ec_ctl_server_stats_t *st);
 

@@ -11,13 +11,16 @@
 #include "common/prom.h"
 #include "kvpool/ec_connector.h"
 
+typedef enum { COUNTER, GAUGE, SECONDS } kind_t; /* SECONDS: a counter of ns, shown in seconds */
+
 typedef struct {
     const char *name, *help;
     size_t off;
-    int gauge;
+    kind_t kind;
 } series_t;
 
-#define S(field, gauge, help) {"kvpool_ec_" #field, help, offsetof(kvp_ec_worker_stats_t, field), gauge}
+#define S(field, gauge, help) {"kvpool_ec_" #field, help, offsetof(kvp_ec_worker_stats_t, field), gauge ? GAUGE : COUNTER}
+#define T(field, name, help) {"kvpool_ec_" name, help, offsetof(kvp_ec_worker_stats_t, field), SECONDS}
 
 static const series_t g_series[] = {
     S(reservations_active, 1, "Consumer reservations open now (reserved, writing or ready)."),
@@ -43,6 +46,10 @@ static const series_t g_series[] = {
     S(events_dropped, 0, "Readiness events dropped (the queue was full: the oldest went)."),
     S(control_requests, 0, "Control requests received."),
     S(control_errors, 0, "Control requests answered with an error."),
+    T(control_busy_ns, "control_busy_seconds", "Time the control server spent serving requests (received to replied)."),
+    S(reserve_requests, 0, "Reserve and reserve_batch requests served."),
+    T(reserve_busy_ns, "reserve_busy_seconds", "Time the control server spent serving reserve requests."),
+    T(reserve_cpu_ns, "reserve_cpu_seconds", "CPU time the control server's thread used serving reserve requests."),
     S(push_writes, 0, "Writes received on the push data port."),
     S(push_bytes, 0, "Bytes received on the push data port."),
     S(push_bad_headers, 0, "Push frames refused before any byte moved."),
@@ -78,11 +85,15 @@ kvp_status_t kvp_ec_worker_metrics(kvp_ec_worker_t *const *w, size_t n, char *bu
     for (size_t i = 0; i < sizeof g_series / sizeof g_series[0]; i++) {
         const series_t *s = &g_series[i];
         char name[96];
-        snprintf(name, sizeof name, "%s%s", s->name, s->gauge ? "" : "_total");
-        kvp__prom_head(&b, name, s->gauge ? "gauge" : "counter", s->help);
-        for (size_t r = 0; r < n; r++)
-            kvp__prom_printf(&b, "%s{rank=\"%zu\"} %llu\n", name, r,
-                             (unsigned long long)*(const uint64_t *)(const void *)((const char *)&st[r] + s->off));
+        snprintf(name, sizeof name, "%s%s", s->name, s->kind == GAUGE ? "" : "_total");
+        kvp__prom_head(&b, name, s->kind == GAUGE ? "gauge" : "counter", s->help);
+        for (size_t r = 0; r < n; r++) {
+            uint64_t v = *(const uint64_t *)(const void *)((const char *)&st[r] + s->off);
+            if (s->kind == SECONDS)
+                kvp__prom_printf(&b, "%s{rank=\"%zu\"} %.9f\n", name, r, (double)v / 1e9);
+            else
+                kvp__prom_printf(&b, "%s{rank=\"%zu\"} %llu\n", name, r, (unsigned long long)v);
+        }
     }
     *len_p = b.len;
     return b.len < buf_size ? KVP_OK : KVP_ERR_BUFFER_TOO_SMALL;

@@ -38,7 +38,13 @@
  *   zmq_rtt       the bare round trip's p50 over the samples taken while
  *                 the workload ran: the reserves' own conditions (on this
  *                 2-core VM the workload saturates the CPU, and a round
- *                 trip is four thread wake-ups); zmq_rtt_idle: before it
+ *                 trip is six thread wake-ups: each side's caller and its
+ *                 ZeroMQ I/O thread, both ways); zmq_rtt_idle: before it
+ *   reserve_service  the consumers' control servers' time per reserve
+ *                 request, received -> replied (a parked one without its
+ *                 wait for the cross-encoder cache), mean over all
+ *                 reserves; _cpu: the server thread's CPU time in it
+ *   workload      the proxy's loop: first request sent -> last one ended
  *   failures      requests failed for good or never ended, outputs used
  *                 before they were in the cache, lines the nodes wrote that
  *                 were not understood, a node that died uninvited
@@ -208,6 +214,7 @@ typedef struct stats_line {
     int64_t cross_cache_misses, cross_cache_errors, cross_cache_skipped;
     int64_t reservations_active, bytes_reserved, cross_cache_hits, taken, verified, done, retryable, failed;
     int64_t gather_misses, hook_errors, events_dropped, reserves_cached, pushes_failed, encoded, unfinished;
+    int64_t reserve_busy_ns, reserve_cpu_ns, reserve_requests; /* the control servers' serving of reserves */
 } stats_line_t;
 
 typedef struct run {
@@ -224,6 +231,7 @@ typedef struct run {
     double rtt_p50_us;        /* sampled while the workload ran */
     double rtt_idle_p50_us;   /* before it */
     int64_t rtt_loaded_count;
+    uint64_t work_ns;         /* the proxy's loop: first request sent -> the last ended */
     stats_line_t pf, enc;      /* the last stats lines */
     bool waiting_stats;
 } run_t;
@@ -279,6 +287,9 @@ static void read_stats(const kvp__json_t *o, stats_line_t *s)
     s->pushes_failed = jint0(o, "pushes_failed");
     s->encoded = jint0(o, "encoded");
     s->unfinished = jint0(o, "unfinished");
+    s->reserve_busy_ns = jint0(o, "reserve_busy_ns");
+    s->reserve_cpu_ns = jint0(o, "reserve_cpu_ns");
+    s->reserve_requests = jint0(o, "reserve_requests");
 }
 
 static void handle(run_t *r, child_t *c, const char *line, size_t len)
@@ -596,6 +607,8 @@ static int report(run_t *r, double mc, double wall_s)
     double push_gbps = write_ns ? (double)written_bytes / ((double)write_ns / 1e9) / 1e9 : 0;
     double p50 = pct_us(lat, nlat, 0.5), p99 = pct_us(lat, nlat, 0.99), r50 = pct_us(res, nres, 0.5);
     double cr50 = pct_us(cres, ncres, 0.5);
+    double nrq = r->pf.reserve_requests > 0 ? (double)r->pf.reserve_requests : 1;
+    double svc_us = (double)r->pf.reserve_busy_ns / nrq / 1e3, svc_cpu_us = (double)r->pf.reserve_cpu_ns / nrq / 1e3;
     uint64_t unfinished = r->sent - r->ended;
     uint64_t failures = r->failed_reqs + unfinished + r->protocol_errors + (uint64_t)r->pf.gather_misses;
     bool prefill_crashed = !(r->prefill.exited && WIFEXITED(r->prefill.status) && WEXITSTATUS(r->prefill.status) == 0);
@@ -629,11 +642,16 @@ static int report(run_t *r, double mc, double wall_s)
            "workload (%" PRId64 " samples; %.2fx), %.0f us before it (%.2fx)\n",
            r50, cr50, r->rtt_p50_us, r->rtt_loaded_count, r->rtt_p50_us > 0 ? r50 / r->rtt_p50_us : 0.0,
            r->rtt_idle_p50_us, r->rtt_idle_p50_us > 0 ? r50 / r->rtt_idle_p50_us : 0.0);
+    printf("  the control server served a reserve in %.1f us on average, %.1f us of them on its CPU (%" PRId64
+           " reserves, received -> replied); the rest of a round trip is the client, ZeroMQ, TCP and thread "
+           "wake-ups\n",
+           svc_us, svc_cpu_us, r->pf.reserve_requests);
     printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s%s\n",
            r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "",
            r->killed_pool ? ", pool server killed" : "");
-    printf("  failures %" PRIu64 " (protocol %" PRIu64 ", gather misses %" PRId64 ", nodes %d), wall %.1f s\n", failures,
-           r->protocol_errors, r->pf.gather_misses, prefill_crashed + encoder_crashed, wall_s);
+    printf("  failures %" PRIu64 " (protocol %" PRIu64 ", gather misses %" PRId64 ", nodes %d), workload %.2f s, wall %.1f s\n",
+           failures, r->protocol_errors, r->pf.gather_misses, prefill_crashed + encoder_crashed, (double)r->work_ns / 1e9,
+           wall_s);
     if (r->p->json) {
         kvp__jw_t b;
         kvp__jw_init(&b);
@@ -653,6 +671,8 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "reserve_p50_us", r50, false);
         jnum(&b, "zmq_rtt_us", r->rtt_p50_us, false);
         jnum(&b, "zmq_rtt_idle_us", r->rtt_idle_p50_us, false);
+        jnum(&b, "reserve_service_us", svc_us, false);
+        jnum(&b, "reserve_service_cpu_us", svc_cpu_us, false);
         kvp__jw_puts(&b, "}\n");
         if (!b.oom)
             fwrite(b.p, 1, b.len, stdout);
@@ -820,6 +840,7 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         child_send(&r.encoder, line, (size_t)n);
     }
     /* the proxy */
+    uint64_t work_t0 = kvp__now_ns();
     while (kvp__now_ns() < deadline) {
         while (!r.encoder_dead && r.next < p->wl.requests && r.inflight < p->window)
             send_req(&r);
@@ -843,6 +864,7 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
             kvp_info("replay --epd: killed the encoder node after %" PRIu64 " pushes", r.push_records);
         }
     }
+    r.work_ns = kvp__now_ns() - work_t0;
     if (!r.encoder_dead) {
         child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
         while (!r.rtt_loaded_done && !r.encoder.eof && kvp__now_ns() < deadline)

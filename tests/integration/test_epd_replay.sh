@@ -42,7 +42,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
-FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','zmq_rtt_us','zmq_rtt_idle_us']"
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','zmq_rtt_us','zmq_rtt_idle_us','reserve_service_us','reserve_service_cpu_us']"
 # every clean run: exit 0, all done, every byte taken verified, every push taken
 CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
 
@@ -51,11 +51,13 @@ epd base --requests 60 --push-wait-s 10
 check replay_epd_clean_run jcheck base "$CLEAN and j['requests'] == 60 and j['pushes'] > 0"
 check replay_epd_json_fields jcheck base "sorted(j) == sorted($FIELDS) and all(isinstance(j[k], (int, float)) for k in j)"
 check replay_epd_figures_measured jcheck base "j['push_gbps'] > 0 and j['memcpy_gbps'] > 0 and 0 < j['push_p50_us'] <= j['push_p99_us'] and j['reserve_p50_us'] > 0 and j['zmq_rtt_us'] > 0"
+# the control server's own share of a reserve: measured, its CPU part inside its wall-clock time
+check replay_epd_reserve_service_measured jcheck base "0 < j['reserve_service_cpu_us'] <= j['reserve_service_us'] + 1"
 check replay_epd_table_words sh -c "grep -q 'verified' '$T/base.out' && grep -q 'push bandwidth' '$T/base.out' && grep -q 'reservations left 0 ' '$T/base.out'"
 
 # ------------------------------------------------ consumer TP 2 (two workers, metadata aggregated)
 epd tp2 --requests 30 --size 1MiB --consumer-tp 2 --push-wait-s 10
-check replay_epd_consumer_tp2 jcheck tp2 "$CLEAN and j['requests'] == 30"
+check replay_epd_consumer_tp2 jcheck tp2 "$CLEAN and j['requests'] == 30 and j['reserve_service_us'] > 0"
 
 # ------------------------------------------------ a pool server of our own, two runs
 "$KVP" server --listen 127.0.0.1:0 --port-file "$T/server.port" --memory 512MiB --log-level error \
@@ -122,7 +124,7 @@ while ! grep -q '"metrics"' "$T/node.out" 2>/dev/null && [ $i -lt 100 ]; do slee
 MURL=$(sed -n 's/.*"metrics":"\([^"]*\)".*/\1/p' "$T/node.out")
 /usr/bin/python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" \
     "$MURL" >"$T/node.metrics" 2>/dev/null
-check epd_node_metrics_per_rank sh -c "grep -qx 'kvpool_ec_reservations_active{rank=\"0\"} 0' '$T/node.metrics' && grep -qx 'kvpool_ec_reservations_active{rank=\"1\"} 0' '$T/node.metrics' && grep -qx '# TYPE kvpool_ec_reserves_total counter' '$T/node.metrics'"
+check epd_node_metrics_per_rank sh -c "grep -qx 'kvpool_ec_reservations_active{rank=\"0\"} 0' '$T/node.metrics' && grep -qx 'kvpool_ec_reservations_active{rank=\"1\"} 0' '$T/node.metrics' && grep -qx '# TYPE kvpool_ec_reserves_total counter' '$T/node.metrics' && grep -qx 'kvpool_ec_reserve_requests_total{rank=\"1\"} 0' '$T/node.metrics' && grep -qx '# TYPE kvpool_ec_reserve_cpu_seconds_total counter' '$T/node.metrics'"
 wait
 check replay_epd_usage_errors sh -c "'$KVP' replay --epd --faults frob@1 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --size 3 >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --frob >/dev/null 2>&1; [ \$? = 2 ] && '$KVP' replay --epd --help | grep -q 'kvpool server'"
 checks_end

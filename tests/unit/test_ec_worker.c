@@ -8,6 +8,7 @@
  * one slow (a shard in a process of its own, stopped with SIGSTOP).
  */
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -313,6 +314,52 @@ TEST(test_ec_metrics_show_what_peers_hold)
     kvp_ec_worker_t *none[1] = {NULL};
     ASSERT_EQ(kvp_ec_worker_metrics(none, 1, NULL, 0, &len), KVP_ERR_NULL_POINTER);
     ASSERT_EQ(kvp_ec_worker_metrics(&c.w, 0, NULL, 0, &len), KVP_ERR_INVALID_ARG);
+    rc_close(&r);
+    kvp_ec_worker_destroy(c.w);
+}
+
+/* The control server's own time per request (kvp_ec_worker_stats,
+ * reserve_busy_ns and reserve_cpu_ns; the replay reports them beside the
+ * reserve round trip): every reserve counted once, its service inside the
+ * client's round trips, its CPU time inside its wall-clock time, and the
+ * page shows the same figures, in seconds. */
+TEST(test_ec_control_service_time_inside_the_round_trips)
+{
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 1 << 20, NULL);
+    rc_t r;
+    rc_open(&r, c.addr);
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.reserve_requests, 0);
+    ASSERT_EQ(st.reserve_busy_ns, 0);
+    uint64_t rtt_ns = 0;
+    for (int i = 0; i < 20; i++) {
+        char tid[16], hash[16];
+        snprintf(tid, sizeof tid, "TS%d", i);
+        snprintf(hash, sizeof hash, "HS%d", i);
+        uint64_t t0 = kvp__now_ns();
+        ASSERT(strstr(reserve(&r, tid, hash), "\"write\":true"));
+        rtt_ns += kvp__now_ns() - t0;
+    }
+    stats(c.w, &st);
+    ASSERT_EQ(st.reserve_requests, 20);
+    ASSERT_GT(st.reserve_busy_ns, 0);
+    ASSERT_LT(st.reserve_busy_ns, rtt_ns);
+    ASSERT_GT(st.reserve_cpu_ns, 0);
+    ASSERT_LE(st.reserve_cpu_ns, st.reserve_busy_ns + 20 * 1000u); /* 1 us of clock skew per request */
+    ASSERT_EQ(st.control_busy_ns, st.reserve_busy_ns);            /* nothing else was asked yet */
+    ASSERT(strstr(rc(&r, "{\"op\":\"status\",\"transfer_id\":\"TS0\"}"), "\"ok\":true"));
+    kvp_ec_worker_stats_t st2;
+    stats(c.w, &st2);
+    ASSERT_EQ(st2.reserve_requests, 20);
+    ASSERT_EQ(st2.reserve_busy_ns, st.reserve_busy_ns); /* a status is no reserve */
+    ASSERT_GT(st2.control_busy_ns, st.control_busy_ns);
+    ASSERT_EQ(ec_metric(c.w, "kvpool_ec_reserve_requests_total{rank=\"0\"}"), 20);
+    double busy_s = ec_metric(c.w, "kvpool_ec_reserve_busy_seconds_total{rank=\"0\"}");
+    ASSERT_MSG(busy_s > 0 && fabs(busy_s - (double)st2.reserve_busy_ns / 1e9) < 2e-9, "%.9f", busy_s);
+    double all_s = ec_metric(c.w, "kvpool_ec_control_busy_seconds_total{rank=\"0\"}");
+    ASSERT_MSG(all_s > busy_s, "%.9f <= %.9f", all_s, busy_s);
     rc_close(&r);
     kvp_ec_worker_destroy(c.w);
 }
@@ -2069,6 +2116,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
           T(test_ec_cross_encoder_cache_miss_answered_by_the_filter), T(test_ec_metrics_show_what_peers_hold),
+          T(test_ec_control_service_time_inside_the_round_trips),
           T(test_ec_cross_encoder_cache_pool_down_at_start_then_up),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
           T(test_ec_s39_freed_ready_becomes_resident_local_handoff_end_to_end),
