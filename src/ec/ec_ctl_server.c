@@ -141,14 +141,19 @@ typedef struct {
 
 static svc_clock_t svc_start(void) { return (svc_clock_t){kvp__now_ns(), cpu_ns()}; }
 
-/* The time since c serving one request; reserve: a reserve op. */
-static void account(kvp__ec_ctl_server_t *s, bool reserve, svc_clock_t c)
+/* The time since c serving one request; reserve: a reserve op; done: its
+ * reply went (not parked for lookups: it is accounted again when served).
+ * A request's figures land after its reply, the count last, so a reader
+ * that sees n reserves sees the time of all n. */
+static void account(kvp__ec_ctl_server_t *s, bool reserve, bool done, svc_clock_t c)
 {
-    uint64_t dt = kvp__now_ns() - c.wall;
+    uint64_t dt = kvp__now_ns() - c.wall, dc = reserve ? cpu_ns() - c.cpu : 0;
     atomic_fetch_add(&s->n_busy_ns, dt);
     if (reserve) {
         atomic_fetch_add(&s->n_resv_busy_ns, dt);
-        atomic_fetch_add(&s->n_resv_cpu_ns, cpu_ns() - c.cpu);
+        atomic_fetch_add(&s->n_resv_cpu_ns, dc);
+        if (done)
+            atomic_fetch_add(&s->n_resv_requests, 1);
     }
 }
 
@@ -440,8 +445,6 @@ static bool handle(kvp__ec_ctl_server_t *s, const void *payload, size_t len, uin
     case KVP__EC_OP_RESERVE:
     case KVP__EC_OP_RESERVE_BATCH:
         *reserve_p = true;
-        if (lookups)
-            atomic_fetch_add(&s->n_resv_requests, 1);
         if (lookups && s->xcache) {
             want_lookups(s, &r);
             if (s->n_want)
@@ -566,7 +569,7 @@ static void serve_reported(kvp__ec_ctl_server_t *s)
             bool reserve;
             handle(s, zmq_msg_data(&p->body), zmq_msg_size(&p->body), p->peer, b, false, &reserve);
             send_reply(s, &p->id, b);
-            account(s, reserve, t0);
+            account(s, reserve, true, t0);
             parked_free(s, p);
         }
         lookup_free(l);
@@ -626,7 +629,7 @@ static int serve_one(kvp__ec_ctl_server_t *s)
     }
     if (served)
         send_reply(s, &parts[0], b);
-    account(s, reserve, t0);
+    account(s, reserve, served, t0);
     for (size_t i = 0; i < kept; i++)
         zmq_msg_close(&parts[i]);
     return 1;
@@ -881,8 +884,8 @@ void kvp__ec_ctl_server_stats(kvp__ec_ctl_server_t *s, kvp__ec_ctl_server_stats_
     st->parked = atomic_load(&s->n_parked_now);
     st->parked_total = atomic_load(&s->n_parked_total);
     st->parked_over_cap = atomic_load(&s->n_parked_over);
+    st->reserve_requests = atomic_load(&s->n_resv_requests); /* first: the time of these is in */
     st->busy_ns = atomic_load(&s->n_busy_ns);
-    st->reserve_requests = atomic_load(&s->n_resv_requests);
     st->reserve_busy_ns = atomic_load(&s->n_resv_busy_ns);
     st->reserve_cpu_ns = atomic_load(&s->n_resv_cpu_ns);
 }
