@@ -33,6 +33,52 @@ typedef struct {
     int oom;
 } cur_t;
 
+/* The high bit of each of the eight bytes of x that a JSON string cannot
+ * carry as it is: >= 0x80, < 0x20, '"', '\\' or DEL.  A borrow can mark a
+ * byte above (at a higher address than) one of those, never below, so the
+ * lowest mark is exact. */
+static inline uint64_t special_bytes(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    uint64_t q = x ^ (ones * '"'), bs = x ^ (ones * '\\'), del = x ^ (ones * 0x7f);
+    return (x | ((x - ones * 0x20) & ~x) | ((q - ones) & ~q) | ((bs - ones) & ~bs) | ((del - ones) & ~del)) & highs;
+}
+
+/* Where the first special byte of s[i..n) is, given its word's marks m. */
+static inline size_t first_special(const char *s, size_t i, size_t n, uint64_t m)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    (void)s;
+    (void)n;
+    return i + (size_t)__builtin_ctzll(m) / 8; /* the lowest address is the lowest byte */
+#else
+    (void)m;
+    while (i < n && (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f && s[i] != '"' && s[i] != '\\')
+        i++;
+    return i;
+#endif
+}
+
+/* The length of the run at the start of s[0..n) of bytes a JSON string
+ * carries as they are: printable ASCII (0x20..0x7e) but '"' and '\\'.  The
+ * reader and the writer both scan strings with it, eight bytes a step (a
+ * tail shorter than that padded with plain bytes). */
+static size_t plain_run(const char *s, size_t n)
+{
+    size_t i = 0;
+    uint64_t x, m;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&x, s + i, 8);
+        if ((m = special_bytes(x)))
+            return first_special(s, i, n, m);
+    }
+    if (i == n)
+        return n;
+    x = 0x6161616161616161u; /* "aaaaaaaa" */
+    memcpy(&x, s + i, n - i);
+    return (m = special_bytes(x)) ? first_special(s, i, n, m) : n;
+}
+
 static inline void skip_ws(cur_t *c)
 {
     while (c->s < c->end && (*c->s == ' ' || *c->s == '\t' || *c->s == '\n' || *c->s == '\r'))
@@ -130,11 +176,15 @@ static int parse_string(cur_t *c, const char **out, size_t *out_len)
 {
     c->s++;
     const char *start = c->s;
-    /* fast path: no escapes */
-    const char *q = start;
-    while (q < c->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20)
-        q++;
-    if (q < c->end && *q == '"' && kvp__utf8_valid(start, (size_t)(q - start))) {
+    /* fast path: no escapes; a run of plain ASCII needs no UTF-8 check */
+    const char *q = start + plain_run(start, (size_t)(c->end - start));
+    bool ascii = true;
+    if (q < c->end && (unsigned char)*q >= 0x7f) { /* text beyond ASCII: find its end, then check it */
+        ascii = false;
+        while (q < c->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20)
+            q++;
+    }
+    if (q < c->end && *q == '"' && (ascii || kvp__utf8_valid(start, (size_t)(q - start)))) {
         size_t n = (size_t)(q - start);
         char *d = arena_alloc(c->p, n + 1);
         if (!d) {
@@ -476,12 +526,21 @@ void kvp__jw_put(kvp__jw_t *b, const char *s, size_t n)
 
 void kvp__jw_puts(kvp__jw_t *b, const char *s) { kvp__jw_put(b, s, strlen(s)); }
 
-void kvp__jw_int(kvp__jw_t *b, int64_t v)
+/* v in decimal, without printf's format parsing (a reply carries several) */
+static void put_digits(kvp__jw_t *b, bool minus, uint64_t v)
 {
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%" PRId64, v);
-    kvp__jw_put(b, tmp, (size_t)n);
+    char tmp[24], *e = tmp + sizeof tmp, *d = e;
+    do
+        *--d = (char)('0' + v % 10);
+    while (v /= 10);
+    if (minus)
+        *--d = '-';
+    kvp__jw_put(b, d, (size_t)(e - d));
 }
+
+void kvp__jw_uint(kvp__jw_t *b, uint64_t v) { put_digits(b, false, v); }
+
+void kvp__jw_int(kvp__jw_t *b, int64_t v) { put_digits(b, v < 0, v < 0 ? 0u - (uint64_t)v : (uint64_t)v); }
 
 void kvp__jw_bool(kvp__jw_t *b, bool v) { kvp__jw_puts(b, v ? "true" : "false"); }
 
@@ -497,9 +556,7 @@ void kvp__jw_str(kvp__jw_t *b, const char *str, size_t n)
     const unsigned char *s = (const unsigned char *)str, *end = s + n;
     kvp__jw_put(b, "\"", 1);
     while (s < end) {
-        const unsigned char *q = s; /* a run of printable ASCII goes as it is */
-        while (q < end && *q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\')
-            q++;
+        const unsigned char *q = s + plain_run((const char *)s, (size_t)(end - s)); /* goes as it is */
         kvp__jw_put(b, (const char *)s, (size_t)(q - s));
         if ((s = q) == end)
             break;

@@ -87,6 +87,7 @@ void kvp__jw_cleanup(kvp__jw_t *b);
 void kvp__jw_put(kvp__jw_t *b, const char *s, size_t n);
 void kvp__jw_puts(kvp__jw_t *b, const char *s);
 void kvp__jw_int(kvp__jw_t *b, int64_t v);
+void kvp__jw_uint(kvp__jw_t *b, uint64_t v);
 void kvp__jw_bool(kvp__jw_t *b, bool v);
 /* A string literal of s[0..n) (UTF-8, or WTF-8), escaped as ensure_ascii does:
  * \" \\ \n \r \t \b \f, other controls and every non-ASCII code point as

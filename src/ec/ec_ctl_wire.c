@@ -444,22 +444,18 @@ kvp_status_t kvp__ec_ctl_decode(kvp__ec_ctl_dec_t *d, const void *buf, size_t le
 
 /* ---- encoders ---- */
 
-static void put_u64(kvp__jw_t *b, uint64_t v)
-{
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%" PRIu64, v);
-    kvp__jw_put(b, tmp, (size_t)n);
-}
-
 static void put_s(kvp__jw_t *b, const char *s) { kvp__jw_str(b, s ? s : "", s ? strlen(s) : 0); }
 
 /* "key": (a comma before it unless first) */
 static void put_key(kvp__jw_t *b, const char *key, bool first)
 {
-    if (!first)
-        kvp__jw_put(b, ",", 1);
-    kvp__jw_str(b, key, strlen(key));
-    kvp__jw_put(b, ":", 1);
+    /* (the keys are this file's literals: nothing to escape) */
+    if (first)
+        kvp__jw_put(b, "\"", 1);
+    else
+        kvp__jw_put(b, ",\"", 2);
+    kvp__jw_puts(b, key);
+    kvp__jw_put(b, "\":", 2);
 }
 
 static void put_shape(kvp__jw_t *b, const int64_t *shape, uint32_t ndim)
@@ -510,7 +506,7 @@ static void put_reserve_fields(kvp__jw_t *b, const char *tid, const char *hash, 
     put_key(b, "mm_hash", false);
     put_s(b, hash);
     put_key(b, "nbytes", false);
-    put_u64(b, t->nbytes);
+    kvp__jw_uint(b, t->nbytes);
     put_key(b, "shape", false);
     put_shape(b, t->shape, t->ndim);
     put_key(b, "dtype", false);
@@ -608,7 +604,7 @@ void kvp__ec_ctl_put_reserve_result(kvp__jw_t *b, const kvp__ec_reserve_out_t *o
 {
     if (o->cancelled) {
         kvp__jw_puts(b, "{\"reservation_id\":\"\",\"dst_session\":\"\",\"dst_ptr\":0,\"nbytes\":");
-        put_u64(b, o->nbytes);
+        kvp__jw_uint(b, o->nbytes);
         kvp__jw_puts(b, ",\"write\":false,\"ready\":false,\"cancelled\":true}");
         return;
     }
@@ -618,9 +614,9 @@ void kvp__ec_ctl_put_reserve_result(kvp__jw_t *b, const kvp__ec_reserve_out_t *o
     put_key(b, "dst_session", false);
     put_s(b, dst_session);
     put_key(b, "dst_ptr", false);
-    put_u64(b, dst_ptr);
+    kvp__jw_uint(b, dst_ptr);
     put_key(b, "nbytes", false);
-    put_u64(b, o->nbytes);
+    kvp__jw_uint(b, o->nbytes);
     put_key(b, "write", false);
     kvp__jw_bool(b, o->write);
     put_key(b, "ready", false);
@@ -644,7 +640,7 @@ void kvp__ec_ctl_put_status_result(kvp__jw_t *b, const kvp__ec_status_t *st)
     put_key(b, "reservation_id", false);
     put_s(b, st->reservation_id);
     put_key(b, "nbytes", false);
-    put_u64(b, st->t.nbytes);
+    kvp__jw_uint(b, st->t.nbytes);
     put_key(b, "shape", false);
     put_shape(b, st->t.shape, st->t.ndim);
     put_key(b, "dtype", false);
@@ -684,7 +680,7 @@ void kvp__ec_ctl_put_event(kvp__jw_t *b, const char *transfer_id, const kvp__ec_
     put_key(b, "reservation_id", false);
     put_s(b, st->reservation_id);
     put_key(b, "nbytes", false);
-    put_u64(b, st->t.nbytes);
+    kvp__jw_uint(b, st->t.nbytes);
     put_key(b, "shape", false);
     put_shape(b, st->t.shape, st->t.ndim);
     put_key(b, "dtype", false);

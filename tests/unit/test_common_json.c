@@ -1,4 +1,6 @@
 /* Unit tests of src/common/json.c: the strict reader and the canonical writer. */
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/json.h"
@@ -159,6 +161,99 @@ TEST(test_json_written_strings_read_back_the_same)
     kvp__json_parser_cleanup(&g_p);
 }
 
+/* Integers as printf writes them, both signs and both ends. */
+static void written_is(kvp__jw_t *b, const char *want)
+{
+    ASSERT_MSG(b->len == strlen(want) && memcmp(b->p, want, b->len) == 0, "%s: %.*s", want, (int)b->len, b->p);
+    b->len = 0;
+}
+
+TEST(test_json_writer_integers_as_printf_writes_them)
+{
+    static const int64_t ints[] = {0, 1, -1, 9, 10, -10, 99, 100, 12345678901234, INT64_MAX, INT64_MIN, INT64_MIN + 1};
+    static const uint64_t uints[] = {0, 1, 9, 10, 18446744073709551615u, 10000000000000000000u, 9999999999u};
+    char want[32];
+    kvp__jw_t b;
+    kvp__jw_init(&b);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        kvp__jw_int(&b, ints[i]);
+        snprintf(want, sizeof want, "%" PRId64, ints[i]);
+        written_is(&b, want);
+    }
+    for (size_t i = 0; i < sizeof uints / sizeof uints[0]; i++) {
+        kvp__jw_uint(&b, uints[i]);
+        snprintf(want, sizeof want, "%" PRIu64, uints[i]);
+        written_is(&b, want);
+    }
+    kvp__jw_cleanup(&b);
+}
+
+/* The string scan takes eight bytes a step: every byte value at every
+ * offset of strings around and across those steps, read and written, gets
+ * what a byte-at-a-time scan gives. */
+TEST(test_json_string_scan_every_byte_at_every_offset)
+{
+    kvp__json_parser_init(&g_p);
+    char text[64], raw[64];
+    for (size_t n = 1; n <= 40; n++) {
+        for (size_t at = 0; at < n; at++) {
+            for (unsigned c = 1; c < 256; c++) {
+                memset(raw, 'a', n);
+                raw[at] = (char)c;
+                /* read: "aa<c>aa" */
+                text[0] = '"';
+                memcpy(text + 1, raw, n);
+                text[n + 1] = '"';
+                const kvp__json_t *v;
+                kvp_status_t st = kvp__json_parse(&g_p, text, n + 2, &v);
+                bool legal = c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+                ASSERT_MSG(legal ? st == KVP_OK : st != KVP_OK, "n %zu at %zu byte 0x%02x: %s", n, at, c,
+                           kvp_status_str(st));
+                if (legal) {
+                    ASSERT_EQ(v->type, KVP__JSON_STRING);
+                    ASSERT_EQ(v->n, n);
+                    ASSERT_MEM_EQ(v->u.s, raw, n);
+                }
+                if (c >= 0x80)
+                    continue; /* (a lone byte beyond ASCII: the writer's WTF-8 cases above) */
+                /* write: plain bytes go as they are, the others escaped */
+                char esc[8];
+                static const char *named = "\"\\\n\r\t\b\f", *names = "\"\\nrtbf";
+                const char *k = c ? strchr(named, (int)c) : NULL;
+                if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
+                    snprintf(esc, sizeof esc, "%c", (int)c);
+                else if (k)
+                    snprintf(esc, sizeof esc, "\\%c", names[k - named]);
+                else
+                    snprintf(esc, sizeof esc, "\\u%04x", c);
+                char want[80];
+                snprintf(want, sizeof want, "\"%.*s%s%.*s\"", (int)at, raw, esc, (int)(n - at - 1), raw + at + 1);
+                kvp__jw_t b;
+                kvp__jw_init(&b);
+                kvp__jw_str(&b, raw, n);
+                ASSERT_MSG(b.len == strlen(want) && memcmp(b.p, want, b.len) == 0, "n %zu at %zu byte 0x%02x: %.*s", n,
+                           at, c, (int)b.len, b.p);
+                kvp__jw_cleanup(&b);
+            }
+            /* a two-byte character at the offset reads back; its lead alone does not */
+            if (at + 2 <= n) {
+                memset(raw, 'a', n);
+                memcpy(raw + at, "\xc3\xa9", 2);
+                text[0] = '"';
+                memcpy(text + 1, raw, n);
+                text[n + 1] = '"';
+                const kvp__json_t *v;
+                ASSERT_OK(kvp__json_parse(&g_p, text, n + 2, &v));
+                ASSERT_MEM_EQ(v->u.s, raw, n);
+                text[at + 2] = 'a';
+                ASSERT(kvp__json_parse(&g_p, text, n + 2, &v) != KVP_OK);
+            }
+        }
+    }
+    kvp__json_parser_cleanup(&g_p);
+}
+
 TEST_LIST(T(test_json_numbers_are_classified_as_python_does), T(test_json_strings_are_strict_utf8_and_decoded),
           T(test_json_objects_keep_members_and_get_finds_the_last), T(test_json_depth_is_bounded),
-          T(test_json_writer_escapes_as_python_ensure_ascii), T(test_json_written_strings_read_back_the_same))
+          T(test_json_writer_escapes_as_python_ensure_ascii), T(test_json_written_strings_read_back_the_same),
+          T(test_json_string_scan_every_byte_at_every_offset), T(test_json_writer_integers_as_printf_writes_them))
