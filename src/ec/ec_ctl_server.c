@@ -488,12 +488,18 @@ static void send_reply(kvp__ec_ctl_server_t *s, zmq_msg_t *id, kvp__jw_t *b)
     zmq_send(s->router, b->p ? b->p : "", b->len, ZMQ_DONTWAIT);
 }
 
-static void parked_free(kvp__ec_ctl_server_t *s, parked_t *p)
+/* No longer waiting: off the list and the gauge (before its reply goes, so
+ * a client that has the reply sees it gone). */
+static void unpark(kvp__ec_ctl_server_t *s, parked_t *p)
 {
     kvp__list_del(&p->link);
     s->n_parked--;
     s->parked_bytes -= zmq_msg_size(&p->body);
     atomic_store(&s->n_parked_now, s->n_parked);
+}
+
+static void parked_release(parked_t *p)
+{
     zmq_msg_close(&p->id);
     zmq_msg_close(&p->body);
     kvp__free(p, sizeof *p);
@@ -567,10 +573,11 @@ static void serve_reported(kvp__ec_ctl_server_t *s)
             b->oom = false;
             svc_clock_t t0 = svc_start();
             bool reserve;
+            unpark(s, p);
             handle(s, zmq_msg_data(&p->body), zmq_msg_size(&p->body), p->peer, b, false, &reserve);
             send_reply(s, &p->id, b);
             account(s, reserve, true, t0);
-            parked_free(s, p);
+            parked_release(p);
         }
         lookup_free(l);
         l = next;
@@ -838,8 +845,10 @@ void kvp__ec_ctl_server_destroy(kvp__ec_ctl_server_t *s)
         if (s->lookups.slots[i].key)
             lookup_free(s->lookups.slots[i].val);
     kvp__strmap_cleanup(&s->lookups);
-    KVP_LIST_FOR_EACH_ENTRY_SAFE(p, tmp, &s->parked, parked_t, link)
-        parked_free(s, p);
+    KVP_LIST_FOR_EACH_ENTRY_SAFE(p, tmp, &s->parked, parked_t, link) {
+        unpark(s, p);
+        parked_release(p);
+    }
     if (s->efd >= 0)
         close(s->efd);
     pthread_mutex_destroy(&s->lk_mu);

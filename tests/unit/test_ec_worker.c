@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1688,6 +1689,7 @@ static void shard_proc_start(shard_proc_t *sp, uint16_t base, int tp, int rank, 
     pid_t pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         dup2(in[0], STDIN_FILENO);
         dup2(out[1], STDOUT_FILENO);
         close(in[1]);
@@ -1759,6 +1761,7 @@ static pid_t pool_server_start_with(uint16_t want, bool filter, char *uri, size_
     pid_t pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         execle("/proc/self/exe", "test_ec_worker", (char *)NULL, envp);
         _exit(127);
     }
