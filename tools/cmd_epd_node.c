@@ -725,6 +725,8 @@ static void emit_stats(node_t *n)
         sum.reserve_busy_ns += s.reserve_busy_ns;
         sum.reserve_cpu_ns += s.reserve_cpu_ns;
         sum.reserve_requests += s.reserve_requests;
+        sum.stage_copies += s.stage_copies;
+        sum.stage_fallbacks += s.stage_fallbacks;
     }
     kvp__mm_stats_t ms;
     kvp__mm_stats(n->mm, &ms);
@@ -751,6 +753,8 @@ static void emit_stats(node_t *n)
     jint(&b, "pushes_failed", (int64_t)sum.pushes_failed);
     jint(&b, "pushes_pending", (int64_t)sum.pushes_pending);
     jint(&b, "cross_cache_puts", (int64_t)sum.cross_cache_puts);
+    jint(&b, "stage_copies", (int64_t)sum.stage_copies);
+    jint(&b, "stage_fallbacks", (int64_t)sum.stage_fallbacks);
     jint(&b, "taken", (int64_t)n->taken);
     jint(&b, "verified", (int64_t)n->verified);
     jint(&b, "puts", (int64_t)n->puts);

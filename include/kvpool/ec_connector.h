@@ -671,6 +671,11 @@ typedef struct kvp_ec_worker_stats {
      * reserves' (reserve and reserve_batch), and the thread's CPU time in
      * those (without its waits for a CPU); reserve requests served */
     uint64_t control_busy_ns, reserve_busy_ns, reserve_cpu_ns, reserve_requests;
+    /* producer: its staging slab for the encoder outputs it holds until
+     * pushed (pool_size bytes, 0 when it could not be mapped), the bytes
+     * held there now and on the heap (copies that did not fit), copies
+     * made, and of them those that did not fit */
+    uint64_t stage_capacity, stage_bytes, stage_heap_bytes, stage_copies, stage_fallbacks;
 } kvp_ec_worker_stats_t;
 
 KVP_API void kvp_ec_worker_stats(kvp_ec_worker_t *w, kvp_ec_worker_stats_t *st);

@@ -30,6 +30,9 @@ static const series_t g_series[] = {
     S(resident_bytes, 1, "Bytes those residents hold."),
     S(push_conns_open, 1, "Producer connections to the push data port open now."),
     S(pushes_pending, 1, "Producer transfers not finished yet."),
+    S(stage_capacity, 1, "Bytes of the producer's staging slab (0: none, copies go to the heap)."),
+    S(stage_bytes, 1, "Bytes of encoder outputs the producer holds in its staging slab now."),
+    S(stage_heap_bytes, 1, "Bytes of encoder outputs the producer holds on the heap now (did not fit the slab)."),
     S(cross_cache_parked, 1, "Reserves waiting now for their cross-encoder cache lookup."),
     S(reserves, 0, "Reserves answered."),
     S(reserves_cached, 0, "Reserves answered cached (no write needed)."),
@@ -64,6 +67,8 @@ static const series_t g_series[] = {
     S(pushes_retryable, 0, "Producer transfers failed with a retryable error."),
     S(bytes_pushed, 0, "Bytes the producer wrote into reserved slots."),
     S(cross_cache_puts, 0, "Encoder outputs the producer put into the cross-encoder cache's pool."),
+    S(stage_copies, 0, "Encoder outputs the producer copied to hold until pushed."),
+    S(stage_fallbacks, 0, "Of those copies, the ones that did not fit the staging slab (on the heap)."),
 };
 
 #define MAX_WORKERS 64

@@ -45,6 +45,7 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "ec/ec_fanout.h"
+#include "ec/ec_stage.h"
 #include "ec/ec_worker_int.h"
 
 #define TERMINAL_LIMIT 65536u
@@ -87,8 +88,7 @@ typedef struct {
 
 typedef struct source {
     char *hash;
-    uint8_t *data;
-    size_t nbytes;
+    kvp__ec_stage_region_t reg; /* the copy: data, nbytes */
     bool pool_put; /* a cross-encoder cache candidate not yet put into the pool */
     uint32_t refs; /* records bound to it */
 } source_t;
@@ -134,6 +134,7 @@ struct kvp__ec_producer {
     kvp__ec_client_t *client;
     kvp__ec_fanout_t *fanout; /* the shards' reserves, at once */
     kvp__ec_push_tx_t *tx;
+    kvp__ec_stage_t *stage; /* the sources' copies */
     pthread_mutex_t mu;
     bool stopping;
     pthread_t *threads;
@@ -176,6 +177,13 @@ static bool retryable_status(kvp_status_t st)
 
 static kvp_status_t enqueue(kvp__ec_producer_t *pr, job_kind_t kind, rec_t *r, source_t *s);
 
+static void source_free(kvp__ec_producer_t *pr, source_t *s)
+{
+    kvp__ec_stage_put(pr->stage, &s->reg);
+    kvp__strfree(s->hash);
+    kvp__free(s, sizeof *s);
+}
+
 /* The last record done with a candidate source hands it to its pool put:
  * the put goes after the pushes of that output, so that a consumer's
  * lookup for the transfer under way never finds the producer's own copy
@@ -191,9 +199,7 @@ static void source_put(kvp__ec_producer_t *pr, source_t *s)
             return;
     }
     kvp__strmap_del(&pr->sources, s->hash, strlen(s->hash));
-    kvp__free(s->data, s->nbytes);
-    kvp__strfree(s->hash);
-    kvp__free(s, sizeof *s);
+    source_free(pr, s);
 }
 
 static void shards_free(rec_t *r)
@@ -514,16 +520,16 @@ static void run_push(kvp__ec_producer_t *pr, rec_t *r)
             cached += s->cached;
             continue;
         }
-        if (s->nbytes != src->nbytes) {
+        if (s->nbytes != src->reg.nbytes) {
             kvp_warn_rl("ec producer: reserved size %" PRIu64 " does not match the tensor (%zu) for mm_hash=%s",
-                        s->nbytes, src->nbytes, r->hash);
+                        s->nbytes, src->reg.nbytes, r->hash);
             st = KVP_ERR_INVALID_ARG;
             break;
         }
         if (!r->rep.write_start_ns)
             r->rep.write_start_ns = kvp__now_ns();
         unsigned path = 0;
-        st = kvp__ec_push_tx_write(pr->tx, s->session, s->rid, s->dst_ptr, src->data, src->nbytes, &path);
+        st = kvp__ec_push_tx_write(pr->tx, s->session, s->rid, s->dst_ptr, src->reg.data, src->reg.nbytes, &path);
         if (st != KVP_OK) {
             kvp_warn_rl("ec producer: write of transfer %s to %s failed: %s", r->tid, s->addr, kvp_status_str(st));
             break;
@@ -552,7 +558,7 @@ static void run_push(kvp__ec_producer_t *pr, rec_t *r)
         cancel_all(pr, r, r->shards, r->n_shards, false);
     pthread_mutex_lock(&pr->mu);
     if (st == KVP_OK)
-        pr->bytes += (uint64_t)written * src->nbytes;
+        pr->bytes += (uint64_t)written * src->reg.nbytes;
     source_put(pr, src);
     r->busy = false;
     finish(pr, r, st == KVP_OK ? P_DONE : P_FAILED, st);
@@ -576,7 +582,7 @@ static void run_pool_put(kvp__ec_producer_t *pr, source_t *s)
     size_t klen;
     if (kvp__ec_store_key(pr->model, s->hash, key, sizeof key, &klen) == KVP_OK) {
         kvp_key_t k = {key, (uint32_t)klen};
-        kvp_iov_t iov = {s->data, s->nbytes};
+        kvp_iov_t iov = {s->reg.data, s->reg.nbytes};
         kvp_sgl_t sgl = {&iov, 1};
         kvp_key_result_t res;
         kvp_status_t st = kvp_pool_put(pr->p.pool, &k, &sgl, 1, &res);
@@ -660,6 +666,8 @@ kvp_status_t kvp__ec_producer_create(const kvp__ec_producer_params_t *p, kvp__ec
     kvp__ec_push_tx_params_t tp = {.paths = p->paths, .timeout_ms = p->control_timeout_ms};
     if (st == KVP_OK)
         st = kvp__ec_push_tx_create(&tp, &pr->tx);
+    if (st == KVP_OK)
+        st = kvp__ec_stage_create(p->stage_bytes, &pr->stage);
     size_t n_data = p->threads ? p->threads : 4;
     pr->cap_threads = n_data + CONTROL_THREADS;
     if (st == KVP_OK && !(pr->threads = kvp__calloc(pr->cap_threads, sizeof *pr->threads)))
@@ -700,15 +708,13 @@ void kvp__ec_producer_destroy(kvp__ec_producer_t *pr)
     kvp__strmap_cleanup(&pr->recs);
     for (size_t i = 0; i < pr->sources.cap; i++) {
         source_t *src = pr->sources.slots[i].key ? pr->sources.slots[i].val : NULL;
-        if (src) {
-            kvp__free(src->data, src->nbytes);
-            kvp__strfree(src->hash);
-            kvp__free(src, sizeof *src);
-        }
+        if (src)
+            source_free(pr, src);
     }
     kvp__strmap_cleanup(&pr->sources);
     kvp__strset_cleanup(&pr->cands);
     kvp__ec_names_cleanup(&pr->failed);
+    kvp__ec_stage_destroy(pr->stage);
     kvp__ec_push_tx_destroy(pr->tx);
     kvp__ec_fanout_destroy(pr->fanout);
     kvp__ec_client_destroy(pr->client);
@@ -777,7 +783,7 @@ kvp_status_t kvp__ec_producer_start_save(kvp__ec_producer_t *pr, const kvp_ec_me
         pr->n_active++;
         /* A source saved before this spec arrived. */
         source_t *src = kvp__strmap_gets(&pr->sources, r->hash);
-        if (src && src->nbytes == r->t.nbytes) {
+        if (src && src->reg.nbytes == r->t.nbytes) {
             r->src = src;
             src->refs++;
         }
@@ -796,37 +802,53 @@ kvp_status_t kvp__ec_producer_start_save(kvp__ec_producer_t *pr, const kvp_ec_me
     return st;
 }
 
-/* Binds a copy of t to every record of hash waiting for one. */
+/* A new source holding a copy of t (no lock held: megabytes move). */
+static kvp_status_t source_new(kvp__ec_producer_t *pr, const char *hash, const kvp_ec_tensor_t *t, source_t **s_p)
+{
+    source_t *s = kvp__calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ERR_NO_MEMORY;
+    if (!(s->hash = kvp__strdup(hash)) || kvp__ec_stage_get(pr->stage, (size_t)t->nbytes, &s->reg) != KVP_OK) {
+        source_free(pr, s);
+        return KVP_ERR_NO_MEMORY;
+    }
+    if (t->nbytes)
+        memcpy(s->reg.data, t->data, (size_t)t->nbytes); /* the caller's bytes are ours only until we return */
+    *s_p = s;
+    return KVP_OK;
+}
+
+/* Binds a copy of t to every record of hash waiting for one.  The copy is
+ * made outside the lock, so the control and data threads go on meanwhile
+ * (a second copy made by a racing call is dropped). */
 static kvp_status_t bind_source(kvp__ec_producer_t *pr, const char *hash, const kvp_ec_tensor_t *t)
 {
-    pthread_mutex_lock(&pr->mu);
-    source_t *src = kvp__strmap_gets(&pr->sources, hash);
+    source_t *src, *mine = NULL;
+    for (;;) {
+        pthread_mutex_lock(&pr->mu);
+        if ((src = kvp__strmap_gets(&pr->sources, hash)) || mine)
+            break;
+        pthread_mutex_unlock(&pr->mu);
+        kvp_status_t st = source_new(pr, hash, t, &mine);
+        if (st != KVP_OK)
+            return st;
+    }
     bool fresh = false;
     if (!src) {
-        src = kvp__calloc(1, sizeof *src);
-        uint8_t *data = src && t->nbytes ? kvp__malloc((size_t)t->nbytes) : NULL;
-        char *h = src ? kvp__strdup(hash) : NULL;
-        if (!src || (t->nbytes && !data) || !h ||
-            kvp__strmap_put(&pr->sources, h, strlen(h), src) != KVP_OK) {
-            kvp__free(data, (size_t)t->nbytes);
-            kvp__strfree(h);
-            kvp__free(src, sizeof *src);
+        if (kvp__strmap_put(&pr->sources, mine->hash, strlen(mine->hash), mine) != KVP_OK) {
             pthread_mutex_unlock(&pr->mu);
+            source_free(pr, mine);
             return KVP_ERR_NO_MEMORY;
         }
-        src->hash = h;
-        src->data = data;
-        src->nbytes = (size_t)t->nbytes;
+        src = mine;
+        mine = NULL;
         src->refs = 1; /* the map's until the visit below */
         fresh = true;
-        /* Copy outside nothing: the bytes are the caller's until we return. */
-        if (t->nbytes)
-            memcpy(data, t->data, (size_t)t->nbytes);
     }
     /* Every record waiting for this hash. */
     for (size_t i = 0; i < pr->recs.cap; i++) {
         rec_t *r = pr->recs.slots[i].key ? pr->recs.slots[i].val : NULL;
-        if (!r || r->state != P_WAITING_INPUTS || r->src || strcmp(r->hash, hash) || r->t.nbytes != src->nbytes)
+        if (!r || r->state != P_WAITING_INPUTS || r->src || strcmp(r->hash, hash) || r->t.nbytes != src->reg.nbytes)
             continue;
         r->src = src;
         src->refs++;
@@ -837,6 +859,8 @@ static kvp_status_t bind_source(kvp__ec_producer_t *pr, const char *hash, const 
     if (fresh)
         source_put(pr, src); /* drop the map's own reference: records hold it now */
     pthread_mutex_unlock(&pr->mu);
+    if (mine)
+        source_free(pr, mine);
     return KVP_OK;
 }
 
@@ -895,4 +919,11 @@ void kvp__ec_producer_stats(kvp__ec_producer_t *pr, kvp_ec_worker_stats_t *st)
     st->pushes_pending = pr->n_active;
     st->cross_cache_puts = pr->cc_puts;
     pthread_mutex_unlock(&pr->mu);
+    kvp__ec_stage_stats_t ss;
+    kvp__ec_stage_stats(pr->stage, &ss);
+    st->stage_capacity = ss.capacity;
+    st->stage_bytes = ss.bytes_staged;
+    st->stage_heap_bytes = ss.heap_bytes;
+    st->stage_copies = ss.copies;
+    st->stage_fallbacks = ss.fallbacks;
 }

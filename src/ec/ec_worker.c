@@ -151,6 +151,7 @@ kvp_status_t kvp_ec_worker_create(const kvp_ec_worker_params_t *params, kvp_ec_w
                      : p.push_path == KVP_EC_PUSH_UCX ? KVP__EC_PATH_UCX
                                                       : KVP__EC_PATH_TCP | KVP__EC_PATH_UCX,
             .threads = 4,
+            .stage_bytes = (uint64_t)w->cfg.pool_size,
             .cross_encoder_cache = w->cfg.cross_encoder_cache,
             .pool = w->pool,
             .model = w->model,

@@ -38,6 +38,7 @@ typedef struct kvp__ec_producer_params {
     int64_t lease_ms;
     unsigned paths; /* KVP__EC_PATH_* */
     size_t threads;
+    uint64_t stage_bytes; /* the staging slab (ec_stage.h): the config's pool_size */
     bool cross_encoder_cache;
     kvp_pool_t *pool;
     const char *model;

@@ -804,6 +804,13 @@ static void s33(void)
     stats(p.w, &pst);
     ASSERT_EQ(pst.bytes_pushed, NBYTES); /* the receiver counts TCP writes only: a UCX put is one-sided */
     ASSERT_EQ(pst.pushes, 1);
+    /* the producer's copy was held in its staging slab, and is gone once
+     * the push ended (on_push is called after the source is let go) */
+    ASSERT_EQ(pst.stage_capacity, 64u << 20);
+    ASSERT_EQ(pst.stage_copies, 1);
+    ASSERT_EQ(pst.stage_fallbacks, 0);
+    ASSERT_EQ(pst.stage_bytes, 0);
+    ASSERT_EQ(pst.stage_heap_bytes, 0);
     if (g_path != KVP_EC_PUSH_AUTO)
         ASSERT_EQ(p.pushes.path, g_path);
     else
