@@ -37,6 +37,11 @@ typedef struct enc {
     size_t i;
 } enc_t;
 
+typedef struct spare {
+    uint8_t *p;
+    size_t n;
+} spare_t;
+
 /* The model runner's encoder cache entry: a producer's own output (own !=
  * NULL), or a consumer's tensor in the worker's receive pool (borrowed). */
 typedef struct cent {
@@ -59,15 +64,64 @@ struct kvp__mm {
     size_t n_sched, cap_sched;
     enc_t *encs;
     size_t n_encs, cap_encs;
+    /* Freed encoder outputs kept for the next of their size, as the
+     * framework's caching allocator keeps device memory: an output is not
+     * a fresh mapping of megabytes to fault in and zero each time.  At most
+     * the encoder cache's capacity in bytes is kept (the oldest spare goes
+     * first). */
+    spare_t *spare;
+    size_t n_spare, cap_spare;
+    uint64_t spare_bytes;
     kvp__mm_stats_t st;
 };
 
 /* ---------------------------------------------------------------- encoder cache */
 
-static void cent_free(cent_t *c)
+/* An encoder output's buffer: a spare one of its size, or a new one. */
+static uint8_t *buf_get(kvp__mm_t *mm, size_t n)
 {
-    if (c->own)
-        kvp__free(c->own, (size_t)c->t.nbytes);
+    for (size_t i = mm->n_spare; i-- > 0;)
+        if (mm->spare[i].n == n) {
+            uint8_t *p = mm->spare[i].p;
+            mm->spare_bytes -= n;
+            mm->st.outputs_reused++;
+            mm->n_spare--;
+            memmove(&mm->spare[i], &mm->spare[i + 1], (mm->n_spare - i) * sizeof *mm->spare);
+            return p;
+        }
+    return kvp__malloc(n ? n : 1);
+}
+
+static uint64_t spare_cap(const kvp__mm_t *mm)
+{
+    int64_t b = mm->p.encoder_cache_embeds * mm->p.hidden * kvp_ec_dtype_itemsize(mm->p.dtype);
+    return b > 0 ? (uint64_t)b : 0;
+}
+
+/* Kept as a spare, the oldest going while the spares are over their cap
+ * (freed at once when it alone is, or the list cannot grow). */
+static void buf_put(kvp__mm_t *mm, uint8_t *p, size_t n)
+{
+    if (!p)
+        return;
+    uint64_t cap = spare_cap(mm);
+    if (n > cap || kvp__grow_in((void **)&mm->spare, &mm->cap_spare, mm->n_spare + 1, sizeof *mm->spare, 16) != 0) {
+        kvp__free(p, n ? n : 1);
+        return;
+    }
+    while (mm->n_spare && mm->spare_bytes + n > cap) {
+        mm->spare_bytes -= mm->spare[0].n;
+        kvp__free(mm->spare[0].p, mm->spare[0].n ? mm->spare[0].n : 1);
+        mm->n_spare--;
+        memmove(&mm->spare[0], &mm->spare[1], mm->n_spare * sizeof *mm->spare);
+    }
+    mm->spare[mm->n_spare++] = (spare_t){p, n};
+    mm->spare_bytes += n;
+}
+
+static void cent_free(kvp__mm_t *mm, cent_t *c)
+{
+    buf_put(mm, c->own, (size_t)c->t.nbytes);
     kvp__strfree(c->hash);
     kvp__free(c, sizeof *c);
 }
@@ -78,7 +132,7 @@ static void cache_drop(kvp__mm_t *mm, const char *hash)
     if (c) {
         mm->st.cache_entries--;
         mm->st.cache_bytes -= c->t.nbytes;
-        cent_free(c);
+        cent_free(mm, c);
     }
 }
 
@@ -89,8 +143,7 @@ static kvp_status_t cache_set(kvp__mm_t *mm, const char *hash, const kvp_ec_tens
     if (!c || !(c->hash = kvp__strdup(hash)) || t->ndim > 4) {
         if (c)
             kvp__free(c, sizeof *c);
-        if (own)
-            kvp__free(own, (size_t)t->nbytes);
+        buf_put(mm, own, (size_t)t->nbytes);
         return c ? KVP_ERR_INVALID_ARG : KVP_ERR_NO_MEMORY;
     }
     c->t = *t;
@@ -99,7 +152,7 @@ static kvp_status_t cache_set(kvp__mm_t *mm, const char *hash, const kvp_ec_tens
     c->own = own;
     cache_drop(mm, hash);
     if (kvp__strmap_put(&mm->cache, c->hash, strlen(c->hash), c) != KVP_OK) {
-        cent_free(c);
+        cent_free(mm, c);
         return KVP_ERR_NO_MEMORY;
     }
     mm->st.cache_entries++;
@@ -399,7 +452,7 @@ static kvp_status_t run_worker(kvp__mm_t *mm, const kvp_ec_meta_t *meta, const k
     for (size_t k = 0; k < mm->n_encs; k++) {
         const kvp_ec_feature_t *f = &mm->encs[k].q->f[mm->encs[k].i];
         int64_t nbytes = f->num_embeds * mm->p.hidden * kvp_ec_dtype_itemsize(mm->p.dtype);
-        uint8_t *buf = kvp__malloc((size_t)nbytes);
+        uint8_t *buf = buf_get(mm, (size_t)nbytes);
         if (!buf)
             return KVP_ERR_NO_MEMORY;
         if (mm->p.encode)
@@ -570,8 +623,11 @@ void kvp__mm_destroy(kvp__mm_t *mm)
     kvp__strmap_cleanup(&mm->by_id);
     for (size_t i = 0; i < mm->cache.cap; i++)
         if (mm->cache.slots[i].key)
-            cent_free(mm->cache.slots[i].val);
+            cent_free(mm, mm->cache.slots[i].val);
     kvp__strmap_cleanup(&mm->cache);
+    for (size_t i = 0; i < mm->n_spare; i++)
+        kvp__free(mm->spare[i].p, mm->spare[i].n ? mm->spare[i].n : 1);
+    kvp__free(mm->spare, mm->cap_spare * sizeof *mm->spare);
     for (size_t i = 0; i < mm->n_finished; i++)
         kvp__strfree(mm->finished[i]);
     kvp__free(mm->finished, mm->cap_finished * sizeof *mm->finished);
@@ -589,7 +645,11 @@ bool kvp__mm_busy(const kvp__mm_t *mm)
            (mm->p.sched && kvp_ec_sched_has_pending_push_work(mm->p.sched));
 }
 
-void kvp__mm_stats(const kvp__mm_t *mm, kvp__mm_stats_t *st) { *st = mm->st; }
+void kvp__mm_stats(const kvp__mm_t *mm, kvp__mm_stats_t *st)
+{
+    *st = mm->st;
+    st->spare_bytes = (int64_t)mm->spare_bytes;
+}
 
 kvp_status_t kvp__mm_check(const kvp__mm_t *mm)
 {

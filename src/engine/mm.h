@@ -122,6 +122,8 @@ typedef struct kvp__mm_stats {
     uint64_t evictions, ensure_false;
     uint64_t hook_errors;             /* hooks that returned an error the engine survived */
     int64_t cache_entries, cache_bytes; /* the model runner's encoder cache now */
+    uint64_t outputs_reused;          /* encoder outputs written into a freed output's buffer */
+    int64_t spare_bytes;              /* freed outputs' buffers kept for that now */
 } kvp__mm_stats_t;
 
 void kvp__mm_stats(const kvp__mm_t *mm, kvp__mm_stats_t *st);

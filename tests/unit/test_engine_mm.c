@@ -702,14 +702,27 @@ TEST(test_mm_encoder_cache_capacity_evicts_and_frees_reach_meta)
     ASSERT_EQ(st.encoded, 2u);
     ASSERT_EQ(st.cache_hits, 1u);
     ASSERT_EQ(prod.w.pushes, 3u);
+    kvp_ec_tensor_t t;
+    ASSERT(kvp__mm_cache_get(prod.mm, "img-b", &t));
+    const uint8_t *b_buf = t.data;
+    kvp__mm_stats(prod.mm, &st);
+    ASSERT_EQ(st.outputs_reused, 0u);
+    ASSERT_EQ(st.spare_bytes, 0);
     add_req(&prod, "r4", hc, 1, 4); /* evicts img-b (freeable longest) */
     step_ok(&prod);
     ASSERT_EQ(prod.w.freed_seen, 1u);
     ASSERT_STR_EQ(prod.w.last_freed, "img-b");
-    kvp_ec_tensor_t t;
     ASSERT(!kvp__mm_cache_get(prod.mm, "img-b", &t));
     ASSERT(kvp__mm_cache_get(prod.mm, "img-a", &t));
     ASSERT(kvp__mm_cache_get(prod.mm, "img-c", &t));
+    /* img-b's buffer, freed in the same step before the encoder ran, is
+     * img-c's (as a caching allocator reuses device memory), and holds
+     * img-c's output */
+    ASSERT(t.data == b_buf);
+    ASSERT_EQ(kvp__epd_content_verify("img-c", t.data, t.nbytes), t.nbytes);
+    kvp__mm_stats(prod.mm, &st);
+    ASSERT_EQ(st.outputs_reused, 1u);
+    ASSERT_EQ(st.spare_bytes, 0); /* taken again */
     kvp__mm_stats(prod.mm, &st);
     ASSERT_EQ(st.evictions, 1u);
     ASSERT_EQ(prod.ended[KVP__MM_DONE], 4u);
@@ -854,6 +867,12 @@ static void standin_pair_run(int64_t prod_cache_images)
     kvp__mm_stats(prod.mm, &st);
     ASSERT_EQ(st.hook_errors, 0u);
     ASSERT_EQ(prod.w.pushes, w.n_slots); /* one push per image slot */
+    /* freed outputs' buffers were written again (where the cache had to
+     * free any), and no more of them are kept than the encoder cache holds */
+    if (prod_cache_images < (int64_t)w.n_hashes)
+        ASSERT_GT(st.outputs_reused, 0u);
+    ASSERT_LE(st.spare_bytes, prod_cache_images * wp.size);
+    ASSERT_LE(st.outputs_reused, st.encoded);
     side_free(&prod);
     side_free(&cons);
     wire_cleanup(&wire);
