@@ -45,6 +45,9 @@
  *                 wait for the cross-encoder cache), mean over all
  *                 reserves; _cpu: the server thread's CPU time in it
  *   workload      the proxy's loop: first request sent -> last one ended
+ *   *_cpu_s, encoder_faults  each process's CPU time (user + system) and
+ *                 the encoder's page faults (minor + major) during the
+ *                 workload, from /proc/<pid>/stat
  *   failures      requests failed for good or never ended, outputs used
  *                 before they were in the cache, lines the nodes wrote that
  *                 were not understood, a node that died uninvited
@@ -209,12 +212,57 @@ typedef struct xfer {
     bool pushed, cached;
 } xfer_t;
 
+/* A process's CPU time and page faults, from /proc/<pid>/stat. */
+typedef struct usage {
+    bool have;
+    uint64_t cpu_ns, faults; /* user + system; minor + major */
+} usage_t;
+
+static usage_t proc_usage(pid_t pid)
+{
+    usage_t u = {0};
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = pid > 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    ssize_t k = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (k <= 0)
+        return u;
+    buf[k] = 0;
+    /* after the command's closing parenthesis: field 3 (state) on; minflt is
+     * field 10, majflt 12, utime 14, stime 15 (clock ticks) */
+    const char *c = strrchr(buf, ')');
+    unsigned long long f[16] = {0};
+    int n = 0;
+    for (c = c ? c + 2 : NULL; c && *c && n < 16; n++) {
+        f[n] = strtoull(*c == '-' ? c + 1 : c, NULL, 10);
+        c = strchr(c, ' ');
+        c = c ? c + 1 : NULL;
+    }
+    long hz = sysconf(_SC_CLK_TCK);
+    if (n < 13 || hz <= 0)
+        return u;
+    /* f[0] is field 3 */
+    u.faults = f[10 - 3] + f[12 - 3];
+    u.cpu_ns = (f[14 - 3] + f[15 - 3]) * (1000000000ull / (uint64_t)hz);
+    u.have = true;
+    return u;
+}
+
+static usage_t usage_since(usage_t a, usage_t b)
+{
+    usage_t d = {a.have && b.have, b.cpu_ns - a.cpu_ns, b.faults - a.faults};
+    return d.have ? d : (usage_t){0};
+}
+
 typedef struct stats_line {
     bool have;
     int64_t cross_cache_misses, cross_cache_errors, cross_cache_skipped;
     int64_t reservations_active, bytes_reserved, cross_cache_hits, taken, verified, done, retryable, failed;
     int64_t gather_misses, hook_errors, events_dropped, reserves_cached, pushes_failed, encoded, unfinished;
     int64_t reserve_busy_ns, reserve_cpu_ns, reserve_requests; /* the control servers' serving of reserves */
+    int64_t stage_copies, stage_fallbacks; /* the producer's copies of encoder outputs, and those on the heap */
 } stats_line_t;
 
 typedef struct run {
@@ -232,6 +280,7 @@ typedef struct run {
     double rtt_idle_p50_us;   /* before it */
     int64_t rtt_loaded_count;
     uint64_t work_ns;         /* the proxy's loop: first request sent -> the last ended */
+    usage_t use[3];           /* the server's, the prefill node's, the encoder node's CPU in the workload */
     stats_line_t pf, enc;      /* the last stats lines */
     bool waiting_stats;
 } run_t;
@@ -290,6 +339,8 @@ static void read_stats(const kvp__json_t *o, stats_line_t *s)
     s->reserve_busy_ns = jint0(o, "reserve_busy_ns");
     s->reserve_cpu_ns = jint0(o, "reserve_cpu_ns");
     s->reserve_requests = jint0(o, "reserve_requests");
+    s->stage_copies = jint0(o, "stage_copies");
+    s->stage_fallbacks = jint0(o, "stage_fallbacks");
 }
 
 static void handle(run_t *r, child_t *c, const char *line, size_t len)
@@ -646,6 +697,11 @@ static int report(run_t *r, double mc, double wall_s)
            " reserves, received -> replied); the rest of a round trip is the client, ZeroMQ, TCP and thread "
            "wake-ups\n",
            svc_us, svc_cpu_us, r->pf.reserve_requests);
+    printf("  CPU during the workload: encoder node %.2f s (%" PRIu64 " page faults; %" PRId64
+           " outputs copied to push, %" PRId64 " of them on the heap), prefill node %.2f s (%" PRIu64
+           " page faults), pool server %.2f s\n",
+           (double)r->use[2].cpu_ns / 1e9, r->use[2].faults, r->enc.stage_copies, r->enc.stage_fallbacks,
+           (double)r->use[1].cpu_ns / 1e9, r->use[1].faults, (double)r->use[0].cpu_ns / 1e9);
     printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s%s\n",
            r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "",
            r->killed_pool ? ", pool server killed" : "");
@@ -673,6 +729,10 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "zmq_rtt_idle_us", r->rtt_idle_p50_us, false);
         jnum(&b, "reserve_service_us", svc_us, false);
         jnum(&b, "reserve_service_cpu_us", svc_cpu_us, false);
+        jnum(&b, "encoder_cpu_s", (double)r->use[2].cpu_ns / 1e9, false);
+        jnum(&b, "prefill_cpu_s", (double)r->use[1].cpu_ns / 1e9, false);
+        jnum(&b, "server_cpu_s", (double)r->use[0].cpu_ns / 1e9, false);
+        jnum(&b, "encoder_faults", (double)r->use[2].faults, true);
         kvp__jw_puts(&b, "}\n");
         if (!b.oom)
             fwrite(b.p, 1, b.len, stdout);
@@ -841,6 +901,10 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     }
     /* the proxy */
     uint64_t work_t0 = kvp__now_ns();
+    child_t *const procs[3] = {&r.server, &r.prefill, &r.encoder};
+    usage_t use0[3];
+    for (int i = 0; i < 3; i++)
+        use0[i] = proc_usage(procs[i]->pid);
     while (kvp__now_ns() < deadline) {
         while (!r.encoder_dead && r.next < p->wl.requests && r.inflight < p->window)
             send_req(&r);
@@ -865,6 +929,8 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         }
     }
     r.work_ns = kvp__now_ns() - work_t0;
+    for (int i = 0; i < 3; i++)
+        r.use[i] = usage_since(use0[i], proc_usage(procs[i]->pid));
     if (!r.encoder_dead) {
         child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
         while (!r.rtt_loaded_done && !r.encoder.eof && kvp__now_ns() < deadline)
