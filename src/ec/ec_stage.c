@@ -3,6 +3,7 @@
  */
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -23,13 +24,18 @@ kvp_status_t kvp__ec_stage_create(uint64_t capacity, kvp__ec_stage_t **s_p)
         return KVP_ERR_NO_MEMORY;
     pthread_mutex_init(&s->mu, NULL);
     s->mem.fd = -1;
-    if (capacity > 0 && capacity <= SIZE_MAX) {
-        if (kvp__mem_map(KVP_MEM_ANON, KVP_HUGE_AUTO, (size_t)capacity, 0, &s->mem) != KVP_OK) {
-            kvp_warn("ec producer: no %llu-byte staging slab; encoder outputs are copied to the heap",
-                     (unsigned long long)capacity);
-            memset(&s->mem, 0, sizeof s->mem);
-            s->mem.fd = -1;
-        } else if (kvp__ec_alloc_init(&s->alloc, capacity) != KVP_OK) {
+    /* Ordinary pages with the THP advice, as the receive slab: never
+     * hugetlbfs pages, whose reservation the pool's arena may need. */
+    if (capacity > 0 && capacity <= SIZE_MAX &&
+        kvp__mem_map(KVP_MEM_ANON, KVP_HUGE_OFF, (size_t)capacity, 0, &s->mem) != KVP_OK) {
+        kvp_warn("ec producer: no %llu-byte staging slab; encoder outputs are copied to the heap",
+                 (unsigned long long)capacity);
+        memset(&s->mem, 0, sizeof s->mem);
+        s->mem.fd = -1;
+    }
+    if (s->mem.base) {
+        (void)madvise(s->mem.base, s->mem.size, MADV_HUGEPAGE);
+        if (kvp__ec_alloc_init(&s->alloc, capacity) != KVP_OK) {
             kvp__mem_unmap(&s->mem);
             pthread_mutex_destroy(&s->mu);
             kvp__free(s, sizeof *s);

@@ -235,7 +235,7 @@ static usage_t proc_usage(pid_t pid)
     const char *c = strrchr(buf, ')');
     unsigned long long f[16] = {0};
     int n = 0;
-    for (c = c ? c + 2 : NULL; c && *c && n < 16; n++) {
+    for (c = c && c[1] == ' ' ? c + 2 : NULL; c && *c && n < 16; n++) {
         f[n] = strtoull(*c == '-' ? c + 1 : c, NULL, 10);
         c = strchr(c, ' ');
         c = c ? c + 1 : NULL;

@@ -77,6 +77,9 @@ struct kvp__mm {
 
 /* ---------------------------------------------------------------- encoder cache */
 
+/* An output buffer is at least one byte (a zero-byte output still has one). */
+static void buf_free(uint8_t *p, size_t n) { kvp__free(p, n ? n : 1); }
+
 /* An encoder output's buffer: a spare one of its size, or a new one. */
 static uint8_t *buf_get(kvp__mm_t *mm, size_t n)
 {
@@ -106,12 +109,12 @@ static void buf_put(kvp__mm_t *mm, uint8_t *p, size_t n)
         return;
     uint64_t cap = spare_cap(mm);
     if (n > cap || kvp__grow_in((void **)&mm->spare, &mm->cap_spare, mm->n_spare + 1, sizeof *mm->spare, 16) != 0) {
-        kvp__free(p, n ? n : 1);
+        buf_free(p, n);
         return;
     }
     while (mm->n_spare && mm->spare_bytes + n > cap) {
         mm->spare_bytes -= mm->spare[0].n;
-        kvp__free(mm->spare[0].p, mm->spare[0].n ? mm->spare[0].n : 1);
+        buf_free(mm->spare[0].p, mm->spare[0].n);
         mm->n_spare--;
         memmove(&mm->spare[0], &mm->spare[1], mm->n_spare * sizeof *mm->spare);
     }
@@ -626,7 +629,7 @@ void kvp__mm_destroy(kvp__mm_t *mm)
             cent_free(mm, mm->cache.slots[i].val);
     kvp__strmap_cleanup(&mm->cache);
     for (size_t i = 0; i < mm->n_spare; i++)
-        kvp__free(mm->spare[i].p, mm->spare[i].n ? mm->spare[i].n : 1);
+        buf_free(mm->spare[i].p, mm->spare[i].n);
     kvp__free(mm->spare, mm->cap_spare * sizeof *mm->spare);
     for (size_t i = 0; i < mm->n_finished; i++)
         kvp__strfree(mm->finished[i]);
