@@ -25,7 +25,8 @@
  * Out (node -> replay): {"ev":"ready",...}, {"ev":"end","id","outcome"},
  *   {"ev":"push",...} (encoder), {"ev":"event","tid","t_ns"} (prefill: a
  *   readiness event reached the scheduler's inbox), {"ev":"rtt","p50_ns"},
- *   {"ev":"rtt_loaded","p50_ns","count"},
+ *   {"ev":"rtt_loaded","p50_ns","count","paired_p50_ns","paired_count"}
+ *   (all the samples; those paired with the writing reserves, rtt_pair_p50),
  *   {"ev":"stats",...}, {"ev":"error","msg"} (a line it could not use).
  * Times are CLOCK_MONOTONIC ns: both nodes run on the replay's host.
  *
@@ -62,6 +63,26 @@
 #define MAX_TP 8
 
 typedef struct node node_t;
+
+typedef struct span {
+    uint64_t a, b; /* CLOCK_MONOTONIC ns */
+} span_t;
+
+/* Appends x to *v (n used, cap allocated; at most max): false when full or
+ * out of memory (x is dropped). */
+static bool span_push(span_t **v, size_t *n, size_t *cap, size_t max, span_t x)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 4096;
+        span_t *nv = nc <= max ? kvp__realloc(*v, *cap * sizeof *nv, nc * sizeof *nv) : NULL;
+        if (!nv)
+            return false;
+        *v = nv;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = x;
+    return true;
+}
 
 /* A TP rank's encoder cache (ranks 1..tp-1; rank 0 uses the engine's). */
 typedef struct shadow {
@@ -104,8 +125,13 @@ struct node {
     char samp_addr[128];
     size_t samp_bytes;
     uint64_t samp_interval_us;
-    uint64_t *samp;
+    span_t *samp; /* each round trip: [sent, answered] */
     size_t n_samp, cap_samp;
+    /* the writing reserves' [sent, answered] (encoder; on_push), for the
+     * samples paired with them */
+    pthread_mutex_t resv_mu;
+    span_t *resv;
+    size_t n_resv, cap_resv;
 };
 
 /* ---------------------------------------------------------------- output */
@@ -152,9 +178,16 @@ static void emit_error(node_t *n, const char *msg)
 
 /* ---------------------------------------------------------------- callbacks */
 
+#define SAMP_MAX 1000000u
+
 static void on_push(void *ctx, const kvp_ec_push_record_t *r)
 {
     node_t *n = ctx;
+    if (r->status == KVP_OK && r->written > 0 && r->reserve_done_ns >= r->reserve_sent_ns) {
+        pthread_mutex_lock(&n->resv_mu);
+        span_push(&n->resv, &n->n_resv, &n->cap_resv, SAMP_MAX, (span_t){r->reserve_sent_ns, r->reserve_done_ns});
+        pthread_mutex_unlock(&n->resv_mu);
+    }
     kvp__jw_t b;
     kvp__jw_init(&b);
     kvp__jw_puts(&b, "{");
@@ -438,7 +471,6 @@ static uint64_t rtt_measure(const char *addr, size_t bytes, size_t count)
 
 /* The sampler: one bare round trip every interval until told to stop, so
  * the baseline sees the machine the reserves see (the workload's load). */
-#define SAMP_MAX 1000000u
 static void *sampler_main(void *arg)
 {
     node_t *n = arg;
@@ -446,23 +478,55 @@ static void *sampler_main(void *arg)
     if (kvp_tool_ping_open(&p, n->samp_addr, n->samp_bytes, 2000) != 0)
         return NULL;
     while (!atomic_load(&n->samp_quit)) {
-        uint64_t dt = kvp_tool_ping(&p);
+        uint64_t t0 = kvp__now_ns(), dt = kvp_tool_ping(&p);
         if (!dt)
             break;
-        if (n->n_samp == n->cap_samp && n->cap_samp < SAMP_MAX) {
-            size_t nc = n->cap_samp ? 2 * n->cap_samp : 4096;
-            uint64_t *ns = kvp__realloc(n->samp, n->cap_samp * sizeof *ns, nc * sizeof *ns);
-            if (ns) {
-                n->samp = ns;
-                n->cap_samp = nc;
-            }
-        }
-        if (n->n_samp < n->cap_samp)
-            n->samp[n->n_samp++] = dt;
+        span_push(&n->samp, &n->n_samp, &n->cap_samp, SAMP_MAX, (span_t){t0, t0 + dt});
         usleep((useconds_t)n->samp_interval_us);
     }
     kvp_tool_ping_close(&p);
     return NULL;
+}
+
+static int span_cmp(const void *x, const void *y)
+{
+    const span_t *a = x, *b = y;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* The round trips paired with the writing reserves: for each reserve, the
+ * sample that started nearest to its start (within PAIR_MAX_NS), so the
+ * pair saw the same moment of the workload.  Chosen by start time alone,
+ * which neither round trip's length decides (a sample chosen for
+ * overlapping a reserve would favour the long ones).  samp is in start
+ * order (one thread took them in turn). */
+#define PAIR_MAX_NS 2000000u
+static uint64_t rtt_pair_p50(node_t *n, size_t *count_p)
+{
+    pthread_mutex_lock(&n->resv_mu);
+    qsort(n->resv, n->n_resv, sizeof *n->resv, span_cmp);
+    uint64_t *out = kvp__calloc(n->n_resv + 1, sizeof *out);
+    size_t m = 0, j = 0;
+    for (size_t i = 0; out && i < n->n_resv && n->n_samp; i++) {
+        uint64_t t = n->resv[i].a;
+        while (j + 1 < n->n_samp && n->samp[j + 1].a <= t)
+            j++;
+        /* samp[j] is the last that started by t (or the first of all);
+         * samp[j + 1] the first after it */
+        size_t k = j;
+        uint64_t d = t > n->samp[j].a ? t - n->samp[j].a : n->samp[j].a - t;
+        if (j + 1 < n->n_samp && n->samp[j + 1].a - t < d) {
+            k = j + 1;
+            d = n->samp[k].a - t;
+        }
+        if (d <= PAIR_MAX_NS)
+            out[m++] = n->samp[k].b - n->samp[k].a;
+    }
+    uint64_t p50 = kvp_tool_quantile(out, m, 0.5);
+    kvp__free(out, out ? (n->n_resv + 1) * sizeof *out : 0);
+    pthread_mutex_unlock(&n->resv_mu);
+    *count_p = m;
+    return p50;
 }
 
 /* ---------------------------------------------------------------- set-up */
@@ -678,6 +742,7 @@ static void node_stop(node_t *n)
         pthread_join(n->samp_th, NULL);
     }
     kvp__free(n->samp, n->cap_samp * sizeof *n->samp);
+    kvp__free(n->resv, n->cap_resv * sizeof *n->resv);
     if (n->sched)
         kvp_ec_sched_close(n->sched);
     kvp__mm_destroy(n->mm); /* the encoder cache points into the workers' pools: first */
@@ -821,14 +886,19 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
         }
         n->samp_started = true;
     } else if (!strcmp(op, "rtt_stop")) {
-        uint64_t p50 = 0;
-        size_t cnt = 0;
+        uint64_t p50 = 0, p50_pair = 0;
+        size_t cnt = 0, cnt_pair = 0;
         if (n->samp_started) {
             atomic_store(&n->samp_quit, true);
             pthread_join(n->samp_th, NULL);
             n->samp_started = false;
             cnt = n->n_samp;
-            p50 = kvp_tool_quantile(n->samp, cnt, 0.5);
+            uint64_t *all = kvp__calloc(cnt + 1, sizeof *all);
+            for (size_t i = 0; all && i < cnt; i++)
+                all[i] = n->samp[i].b - n->samp[i].a;
+            p50 = all ? kvp_tool_quantile(all, cnt, 0.5) : 0;
+            kvp__free(all, all ? (cnt + 1) * sizeof *all : 0);
+            p50_pair = rtt_pair_p50(n, &cnt_pair);
         }
         kvp__jw_t b;
         kvp__jw_init(&b);
@@ -836,6 +906,8 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
         jstr(&b, "ev", "rtt_loaded");
         jint(&b, "p50_ns", (int64_t)p50);
         jint(&b, "count", (int64_t)cnt);
+        jint(&b, "paired_p50_ns", (int64_t)p50_pair);
+        jint(&b, "paired_count", (int64_t)cnt_pair);
         kvp__jw_puts(&b, "}\n");
         emit(n, &b);
         kvp__jw_cleanup(&b);
@@ -997,6 +1069,7 @@ int kvp_cmd_epd_node(int argc, char **argv)
     static node_t n; /* big; one per process */
     memset(&n, 0, sizeof n);
     pthread_mutex_init(&n.out_mu, NULL);
+    pthread_mutex_init(&n.resv_mu, NULL);
     n.prefill = !strcmp(o.role, "prefill");
     kvp_status_t st = node_start(&n, &o);
     int rc;
