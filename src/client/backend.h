@@ -32,7 +32,17 @@ typedef struct kvp__backend_ops {
     /* Optional: registers/deregisters caller memory with the transport. */
     kvp_status_t (*reg)(void *impl, void *addr, size_t len);
     kvp_status_t (*dereg)(void *impl, void *addr);
+    /* Optional: answers a validated EXISTS or PREFIX from what this process
+     * holds alone (kvpool://: the server's membership filter, where mapped),
+     * with no I/O and no wait on the transport: 1 answered (the op's
+     * outputs filled), 0 it needs the server. */
+    int (*probe)(void *impl, kvp_op_t *op);
 } kvp__backend_ops_t;
+
+/* The backend's probe on a validated op: 1 answered, 0 the server must
+ * answer (submit it), -1 the backend has no probe or the op is not valid
+ * (submit it, and its submit answers). */
+int kvp__pool_probe(kvp_pool_t *pool, kvp_op_t *op);
 
 /* Tests: the backend's test_recover on pool (KVP_ERR_UNSUPPORTED without). */
 kvp_status_t kvp__pool_test_recover(kvp_pool_t *pool);

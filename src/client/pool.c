@@ -240,6 +240,14 @@ static kvp_status_t submit(kvp_pool_t *pool, kvp_op_t *op, int will_drive)
 
 kvp_status_t kvp_pool_submit(kvp_pool_t *pool, kvp_op_t *op) { return submit(pool, op, 0); }
 
+int kvp__pool_probe(kvp_pool_t *pool, kvp_op_t *op)
+{
+    if (!pool || !op || !pool->ops->probe || (op->type != KVP_OP_EXISTS && op->type != KVP_OP_PREFIX) ||
+        validate(pool, op) != KVP_OK)
+        return -1;
+    return pool->ops->probe(pool->impl, op) ? 1 : 0;
+}
+
 /* Blocking completion for backends that answer KVP_INPROGRESS. */
 typedef struct {
     pthread_mutex_t mu;

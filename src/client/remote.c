@@ -335,6 +335,12 @@ static int filter_answers(remote_t *r, kvp_op_t *op, uint32_t n)
     return 1;
 }
 
+static int remote_probe(void *impl, kvp_op_t *op)
+{
+    uint32_t n = (uint32_t)op->n;
+    return n && filter_answers(impl, op, n);
+}
+
 static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
 {
     remote_t *r = impl;
@@ -755,4 +761,5 @@ const kvp__backend_ops_t kvp__remote_backend = {
     .submit = remote_submit,
     .stats = remote_stats,
     .max_value = remote_max_value,
+    .probe = remote_probe,
 };

@@ -1,11 +1,19 @@
 /*
  * The cross-encoder cache's pool lookups: see ec_xcache.h.
  *
- * A lookup is a job: EXISTS (an asynchronous pool op; its callback runs on
- * the pool's thread, or inline for a backend that completes at once) ->
- * on a hit, the job goes to the get thread, which fills an extent of the
- * slab from the pool -> finish (done(token), counters, backoff, free).
- * `inflight` counts jobs started and not finished; destroy waits for 0.
+ * A lookup is a job, one step at a time (job_t.step):
+ *   PROBE   on the caller's thread (the control server's): the pool answers
+ *           from what this process holds (kvp__pool_probe: the pool
+ *           server's membership filter), no I/O.  Absent: a miss, ended
+ *           now.  Present, or it cannot tell: the job goes to the thread.
+ *           A backend with no probe (embedded://) is submitted right there
+ *           instead, as it answers at once.
+ *   EXISTS  the thread submits it (an asynchronous pool op; its callback
+ *           runs on the pool's thread, or inline), so the control thread
+ *           never posts to the transport or waits on its locks.
+ *   GET     on a hit, the thread fills an extent of the slab from the pool.
+ * and then finish (done(token), counters, backoff, free).  `inflight`
+ * counts jobs started and not finished; destroy waits for 0.
  *
  * Lock order: x->mu, then the reservation table's (fill_begin/fill_end are
  * never called with x->mu held, so in practice the two never nest).
@@ -22,13 +30,17 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "ec/ec_worker_int.h"
+#include "client/backend.h"
 #include "kvpool/pool.h"
 
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 10000
 
+typedef enum { STEP_EXISTS, STEP_GET } step_t; /* what the thread does next */
+
 typedef struct job {
-    kvp__list_t link; /* on x->queue while it waits for the get thread */
+    kvp__list_t link; /* on x->queue while it waits for the thread */
+    step_t step;
     kvp__ec_xcache_t *x;
     char hash[256];
     kvp__ec_tensor_t t;
@@ -103,6 +115,17 @@ static void finish(job_t *j, kvp_status_t pool_st, bool hit)
     pthread_mutex_unlock(&x->mu);
 }
 
+/* The job to the thread, for its next step. */
+static void queue_step(job_t *j, step_t step)
+{
+    kvp__ec_xcache_t *x = j->x;
+    j->step = step;
+    pthread_mutex_lock(&x->mu);
+    kvp__list_add_tail(&x->queue, &j->link);
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
 /* After EXISTS: a miss or a failure ends the job; a hit queues the get. */
 static void after_exists(job_t *j, kvp_status_t st)
 {
@@ -112,14 +135,18 @@ static void after_exists(job_t *j, kvp_status_t st)
         finish(j, st, false);
         return;
     }
-    kvp__ec_xcache_t *x = j->x;
-    pthread_mutex_lock(&x->mu);
-    kvp__list_add_tail(&x->queue, &j->link);
-    pthread_cond_broadcast(&x->cv);
-    pthread_mutex_unlock(&x->mu);
+    queue_step(j, STEP_GET);
 }
 
 static void exists_cb(void *arg, kvp_status_t st) { after_exists(arg, st); }
+
+/* The thread's EXISTS step: the pool op, submitted. */
+static void run_exists(job_t *j)
+{
+    kvp_status_t st = kvp_pool_submit(j->x->p.pool, &j->op);
+    if (st != KVP_INPROGRESS)
+        after_exists(j, st); /* done now (inline, or refused) */
+}
 
 /* The get thread's step: the value straight into a fill of the slab. */
 static void run_get(job_t *j)
@@ -166,7 +193,10 @@ static void *get_main(void *arg)
         job_t *j = KVP_LIST_FIRST_ENTRY(&x->queue, job_t, link);
         kvp__list_del(&j->link);
         pthread_mutex_unlock(&x->mu);
-        run_get(j);
+        if (j->step == STEP_EXISTS)
+            run_exists(j);
+        else
+            run_get(j);
         pthread_mutex_lock(&x->mu);
     }
     pthread_mutex_unlock(&x->mu);
@@ -257,12 +287,27 @@ kvp_status_t kvp__ec_xcache_lookup(kvp__ec_xcache_t *x, const char *mm_hash, con
     j->token = token;
     j->op = (kvp_op_t){.type = KVP_OP_EXISTS, .keys = &j->k, .n = 1, .present = &j->present,
                        .timeout_ms = x->p.exists_timeout_ms, .cb = exists_cb, .cb_arg = j};
-    kvp_status_t st = kvp_pool_submit(x->p.pool, &j->op);
-    if (st == KVP_INPROGRESS)
+    kvp_status_t st;
+    switch (kvp__pool_probe(x->p.pool, &j->op)) {
+    case 1: /* answered here */
+        st = KVP_OK;
+        if (j->present) { /* a hit: the get goes to the thread */
+            queue_step(j, STEP_GET);
+            return KVP_INPROGRESS;
+        }
+        break;
+    case 0: /* the pool server must answer: from the thread */
+        queue_step(j, STEP_EXISTS);
         return KVP_INPROGRESS;
-    if (st == KVP_OK && j->present) { /* done now, and a hit: the get goes to the thread */
-        after_exists(j, KVP_OK);
-        return KVP_INPROGRESS;
+    default: /* no probe: a backend that answers at once */
+        st = kvp_pool_submit(x->p.pool, &j->op);
+        if (st == KVP_INPROGRESS)
+            return KVP_INPROGRESS;
+        if (st == KVP_OK && j->present) {
+            after_exists(j, KVP_OK);
+            return KVP_INPROGRESS;
+        }
+        break;
     }
     /* done now: a miss or a failure, reported here (done is not called) */
     if (st == KVP_OK)

@@ -5,11 +5,13 @@
  * reserve answers cached:true, write:false.
  *
  * A lookup runs off the control server's thread, so a reserve waiting on
- * the pool never holds up the requests behind it: the existence check is
- * an asynchronous pool op (its completion runs on the pool's thread); a
- * hit goes to the xcache's own thread, which gets the value straight into
- * an extent of the slab (kvp__ec_resv_fill_begin / fill_end, no bounce
- * copy) and then reports.  Each lookup ends, once, within the exists
+ * the pool never holds up the requests behind it.  The caller's thread only
+ * asks what this process can answer alone (the pool server's membership
+ * filter: an image the pool never held is a miss at once); the existence
+ * check that needs the pool server is submitted by the xcache's own thread
+ * (an asynchronous pool op), and a hit goes back to that thread, which
+ * gets the value straight into an extent of the slab
+ * (kvp__ec_resv_fill_begin / fill_end, no bounce copy) and then reports.  Each lookup ends, once, within the exists
  * deadline plus the get deadline.
  *
  * A failing pool (down, or answering after the deadline) must not cost

@@ -24,6 +24,7 @@
 #include <zmq.h>
 
 #include "common/alloc.h"
+#include "client/backend.h"
 #include "common/clock.h"
 #include "ec/ec_worker_int.h"
 #include "kvpool/ec_connector.h"
@@ -1862,6 +1863,54 @@ TEST(test_ec_cross_encoder_cache_miss_answered_by_the_filter)
     pool_server_stop(srv);
 }
 
+/* The probe the cross-encoder cache asks on the control thread
+ * (kvp__pool_probe): against a pool server on this host it answers an
+ * EXISTS of a key the server never held from its membership filter, with
+ * the server stopped (no I/O); a key it holds, or a server without the
+ * filter, needs the server (0); a backend without a probe, or an op that
+ * is not a lookup, is not probed (-1). */
+TEST(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only)
+{
+    char uri[64];
+    pid_t srv = pool_server_start(uri, sizeof uri);
+    kvp_pool_t *pool;
+    ASSERT_OK(kvp_pool_open(uri, &pool));
+    uint8_t val[64] = {1};
+    kvp_key_t held = {"probe-held", 10}, never = {"probe-never", 11};
+    kvp_iov_t iov = {val, sizeof val};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t kr;
+    ASSERT_OK(kvp_pool_put(pool, &held, &sgl, 1, &kr));
+    ASSERT_OK(kr.status);
+    ASSERT_EQ(kill(srv, SIGSTOP), 0);
+    uint8_t present = 7;
+    kvp_op_t op = {.type = KVP_OP_EXISTS, .keys = &never, .n = 1, .present = &present};
+    uint64_t t0 = kvp__now_ns();
+    ASSERT_EQ(kvp__pool_probe(pool, &op), 1);
+    ASSERT_EQ(present, 0);
+    ASSERT_LT((kvp__now_ns() - t0) / 1000000u, 100);
+    present = 7;
+    op.keys = &held;
+    ASSERT_EQ(kvp__pool_probe(pool, &op), 0);
+    ASSERT_EQ(present, 7); /* not answered: untouched */
+    kvp_op_t put = {.type = KVP_OP_PUT, .keys = &held, .n = 1, .values = &sgl, .results = &kr};
+    ASSERT_EQ(kvp__pool_probe(pool, &put), -1);
+    ASSERT_EQ(kill(srv, SIGCONT), 0);
+    kvp_pool_close(pool);
+    pool_server_stop(srv);
+    /* a server without the filter: every lookup needs it */
+    srv = pool_server_start_with(0, false, uri, sizeof uri);
+    ASSERT_OK(kvp_pool_open(uri, &pool));
+    op.keys = &never;
+    ASSERT_EQ(kvp__pool_probe(pool, &op), 0);
+    kvp_pool_close(pool);
+    pool_server_stop(srv);
+    /* embedded://: no probe (its submit answers at once) */
+    ASSERT_OK(kvp_pool_open("embedded://?capacity=16MiB", &pool));
+    ASSERT_EQ(kvp__pool_probe(pool, &op), -1);
+    kvp_pool_close(pool);
+}
+
 /* A peer that can hold parked reserves against a stopped pool: 40 reserves
  * of fresh hashes from 40 sockets while the cross-encoder cache's pool
  * server (without the membership filter, so that every lookup asks it) is
@@ -2130,7 +2179,8 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_s36_s37_finished_first_remote_cancel_producer_gets_cancelled),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
-          T(test_ec_cross_encoder_cache_miss_answered_by_the_filter), T(test_ec_metrics_show_what_peers_hold),
+          T(test_ec_cross_encoder_cache_miss_answered_by_the_filter),
+          T(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only), T(test_ec_metrics_show_what_peers_hold),
           T(test_ec_control_service_time_inside_the_round_trips),
           T(test_ec_cross_encoder_cache_pool_down_at_start_then_up),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
