@@ -25,12 +25,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/backend.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/list.h"
 #include "common/log.h"
 #include "ec/ec_worker_int.h"
-#include "client/backend.h"
 #include "kvpool/pool.h"
 
 #define BACKOFF_MIN_MS 250

@@ -77,6 +77,7 @@
 #include "common/log.h"
 #include "common/strmap.h"
 #include "engine/epd.h"
+#include "engine/proc_usage.h"
 
 /* Round trips paired with writing reserves needed for them to be the
  * baseline (cmd_epd_node.c: the sample that started nearest each one). */
@@ -219,50 +220,6 @@ typedef struct xfer {
     bool pushed, cached;
 } xfer_t;
 
-/* A process's CPU time and page faults, from /proc/<pid>/stat. */
-typedef struct usage {
-    bool have;
-    uint64_t cpu_ns, faults; /* user + system; minor + major */
-} usage_t;
-
-static usage_t proc_usage(pid_t pid)
-{
-    usage_t u = {0};
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = pid > 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-    ssize_t k = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (k <= 0)
-        return u;
-    buf[k] = 0;
-    /* after the command's closing parenthesis: field 3 (state) on; minflt is
-     * field 10, majflt 12, utime 14, stime 15 (clock ticks) */
-    const char *c = strrchr(buf, ')');
-    unsigned long long f[16] = {0};
-    int n = 0;
-    for (c = c && c[1] == ' ' ? c + 2 : NULL; c && *c && n < 16; n++) {
-        f[n] = strtoull(*c == '-' ? c + 1 : c, NULL, 10);
-        c = strchr(c, ' ');
-        c = c ? c + 1 : NULL;
-    }
-    long hz = sysconf(_SC_CLK_TCK);
-    if (n < 13 || hz <= 0)
-        return u;
-    /* f[0] is field 3 */
-    u.faults = f[10 - 3] + f[12 - 3];
-    u.cpu_ns = (f[14 - 3] + f[15 - 3]) * (1000000000ull / (uint64_t)hz);
-    u.have = true;
-    return u;
-}
-
-static usage_t usage_since(usage_t a, usage_t b)
-{
-    usage_t d = {a.have && b.have, b.cpu_ns - a.cpu_ns, b.faults - a.faults};
-    return d.have ? d : (usage_t){0};
-}
-
 typedef struct stats_line {
     bool have;
     int64_t cross_cache_misses, cross_cache_errors, cross_cache_skipped;
@@ -289,7 +246,7 @@ typedef struct run {
     double rtt_idle_p50_us;   /* before it */
     int64_t rtt_loaded_count, rtt_paired_count;
     uint64_t work_ns;         /* the proxy's loop: first request sent -> the last ended */
-    usage_t use[3];           /* the server's, the prefill node's, the encoder node's CPU in the workload */
+    kvp__proc_usage_t use[3];           /* the server's, the prefill node's, the encoder node's CPU in the workload */
     stats_line_t pf, enc;      /* the last stats lines */
     bool waiting_stats;
 } run_t;
@@ -436,8 +393,9 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
     } else if (!strcmp(ev, "rtt_loaded") && !prefill) {
         int64_t ns, cnt, bns, bcnt;
         if (!kvp__epd_json_int(o, "p50_ns", &ns) || !kvp__epd_json_int(o, "count", &cnt) ||
-            !kvp__epd_json_int(o, "paired_p50_ns", &bns) || !kvp__epd_json_int(o, "paired_count", &bcnt))
-            return bad_line(r, c, "rtt_loaded without p50_ns, count, paired_p50_ns and paired_count", line, len);
+            !kvp__epd_json_int(o, "paired_p50_ns", &bns) || !kvp__epd_json_int(o, "paired_count", &bcnt) || ns < 0 ||
+            cnt < 0 || bns < 0 || bcnt < 0)
+            return bad_line(r, c, "rtt_loaded without p50_ns, count, paired_p50_ns and paired_count >= 0", line, len);
         r->rtt_all_p50_us = (double)ns / 1e3;
         r->rtt_loaded_count = cnt;
         r->rtt_paired_p50_us = (double)bns / 1e3;
@@ -920,9 +878,9 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     /* the proxy */
     uint64_t work_t0 = kvp__now_ns();
     child_t *const procs[3] = {&r.server, &r.prefill, &r.encoder};
-    usage_t use0[3];
+    kvp__proc_usage_t use0[3];
     for (int i = 0; i < 3; i++)
-        use0[i] = proc_usage(procs[i]->pid);
+        use0[i] = kvp__proc_usage(procs[i]->pid);
     while (kvp__now_ns() < deadline) {
         while (!r.encoder_dead && r.next < p->wl.requests && r.inflight < p->window)
             send_req(&r);
@@ -948,7 +906,7 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     }
     r.work_ns = kvp__now_ns() - work_t0;
     for (int i = 0; i < 3; i++)
-        r.use[i] = usage_since(use0[i], proc_usage(procs[i]->pid));
+        r.use[i] = kvp__proc_usage_since(use0[i], kvp__proc_usage(procs[i]->pid));
     if (!r.encoder_dead) {
         child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
         while (!r.rtt_loaded_done && !r.encoder.eof && kvp__now_ns() < deadline)
