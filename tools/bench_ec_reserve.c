@@ -8,7 +8,7 @@
  * worker (kvp_ec_worker_create: receive pool, push receiver, control
  * server; with --pool, the cross-encoder cache over that pool) and a bare
  * ZeroMQ REP echo; this process sends, round after round, K echo requests
- * with frames of a reserve's size, then K reserves of fresh transfer ids
+ * with frames of a reserve's size (request and reply), then K reserves of fresh transfer ids
  * and fresh mm_hashes (each then cancelled with abandon, untimed), and
  * with --pool K reserves of hashes it put into the pool before the run
  * (cross-encoder cache hits, reported apart).  Interleaving the kinds round
@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "zmq_rtt.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -201,8 +202,8 @@ int kvp_bench_ec_reserve(int argc, char **argv)
     }
     if (!ping || !miss || !hit || kvp__rd_client_create(5000, &c) != KVP_OK)
         goto out;
-    /* The frame size of the echo: a reserve of this run's ids. */
-    size_t frame = 0;
+    /* The echo's frames: a reserve's request and reply, of this run's ids. */
+    size_t frame = 0, reply = 0;
     {
         char tid[96], hash[96];
         uint64_t ns;
@@ -210,13 +211,13 @@ int kvp_bench_ec_reserve(int argc, char **argv)
         for (int i = 0; i < 50; i++) { /* warm-up: sockets, the table's first allocations */
             snprintf(tid, sizeof tid, "warm-%d", i);
             hash_name(hash, sizeof hash, "warm", (uint64_t)i);
-            if (kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &ns, &cached, &frame) != KVP_OK) {
+            if (kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &ns, &cached, &frame, &reply) != KVP_OK) {
                 fprintf(stderr, "kvpool bench --ec-reserve: reserve failed in the warm-up\n");
                 goto out;
             }
         }
     }
-    if (kvp_tool_ping_open(&pinger, echo, frame, 5000) != 0)
+    if (kvp_tool_ping_open(&pinger, echo, frame, reply, 5000) != 0)
         goto out;
     pinging = true;
     kvp_status_t st = KVP_OK;
@@ -235,7 +236,7 @@ int kvp_bench_ec_reserve(int argc, char **argv)
             snprintf(tid, sizeof tid, "miss-%" PRIu64, i);
             hash_name(hash, sizeof hash, "miss", i);
             gap(&o);
-            st = kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &miss[i], &cached, NULL);
+            st = kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &miss[i], &cached, NULL, NULL);
             if (st == KVP_OK && cached)
                 st = KVP_ERR_INVALID_ARG; /* a fresh hash cannot be cached */
         }
@@ -246,7 +247,7 @@ int kvp_bench_ec_reserve(int argc, char **argv)
             snprintf(tid, sizeof tid, "hit-%" PRIu64, i);
             hash_name(hash, sizeof hash, "hit", i);
             gap(&o);
-            st = kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &hit[n_hit++], &cached, NULL);
+            st = kvp__rd_reserve_once(c, ctl, tid, hash, o.size, HIDDEN, &hit[n_hit++], &cached, NULL, NULL);
             n_hit_cached += cached;
         }
     }
@@ -258,13 +259,14 @@ int kvp_bench_ec_reserve(int argc, char **argv)
     double pg99 = q_us(ping, total, 0.99), pm99 = q_us(miss, total, 0.99);
     if (o.json) {
         printf("{\"rounds\":%" PRIu64 ",\"per_round\":%" PRIu64 ",\"size\":%" PRIu64 ",\"frame\":%zu,"
-               "\"pool\":%s,\"zmq_rtt_us\":%.1f,\"zmq_rtt_p99_us\":%.1f,\"reserve_p50_us\":%.1f,"
+               "\"reply_frame\":%zu,\"pool\":%s,\"zmq_rtt_us\":%.1f,\"zmq_rtt_p99_us\":%.1f,\"reserve_p50_us\":%.1f,"
                "\"reserve_p99_us\":%.1f,\"reserve_over_rtt\":%.3f,\"hit_p50_us\":%.1f,\"hits_cached\":%zu}\n",
-               o.rounds, o.per_round, o.size, frame, o.pool_uri ? "true" : "false", pg, pg99, pm, pm99,
+               o.rounds, o.per_round, o.size, frame, reply, o.pool_uri ? "true" : "false", pg, pg99, pm, pm99,
                pg > 0 ? pm / pg : 0, ph, n_hit_cached);
     } else {
-        printf("ec reserve round trip, %" PRIu64 " rounds x %" PRIu64 ", %" PRIu64 "-byte tensors, frame %zu B%s\n",
-               o.rounds, o.per_round, o.size, frame, o.pool_uri ? ", cross-encoder cache on" : "");
+        printf("ec reserve round trip, %" PRIu64 " rounds x %" PRIu64 ", %" PRIu64
+               "-byte tensors, frames %zu B and %zu B back%s\n",
+               o.rounds, o.per_round, o.size, frame, reply, o.pool_uri ? ", cross-encoder cache on" : "");
         printf("  bare zmq REQ/REP   p50 %8.1f us  p99 %8.1f us\n", pg, pg99);
         printf("  reserve (writes)   p50 %8.1f us  p99 %8.1f us   %.2fx the bare round trip (target <= 1.5x)\n", pm,
                pm99, pg > 0 ? pm / pg : 0);

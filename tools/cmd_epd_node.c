@@ -25,8 +25,9 @@
  * Out (node -> replay): {"ev":"ready",...}, {"ev":"end","id","outcome"},
  *   {"ev":"push",...} (encoder), {"ev":"event","tid","t_ns"} (prefill: a
  *   readiness event reached the scheduler's inbox), {"ev":"rtt","p50_ns"},
- *   {"ev":"rtt_loaded","p50_ns","count","paired_p50_ns","paired_count"}
- *   (all the samples; those paired with the writing reserves, rtt_pair_p50),
+ *   {"ev":"rtt_loaded","p50_ns","count","paired_p50_ns","paired_count",
+ *   "reply_bytes"} (all the samples; those paired with the writing reserves;
+ *   the reply size the echo was asked for: a reserve reply's, zmq_rtt.h),
  *   {"ev":"stats",...}, {"ev":"error","msg"} (a line it could not use).
  * Times are CLOCK_MONOTONIC ns: both nodes run on the replay's host.
  *
@@ -47,6 +48,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "zmq_rtt.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/json.h"
@@ -63,26 +65,6 @@
 #define MAX_TP 8
 
 typedef struct node node_t;
-
-typedef struct span {
-    uint64_t a, b; /* CLOCK_MONOTONIC ns */
-} span_t;
-
-/* Appends x to *v (n used, cap allocated; at most max): false when full or
- * out of memory (x is dropped). */
-static bool span_push(span_t **v, size_t *n, size_t *cap, size_t max, span_t x)
-{
-    if (*n == *cap) {
-        size_t nc = *cap ? 2 * *cap : 4096;
-        span_t *nv = nc <= max ? kvp__realloc(*v, *cap * sizeof *nv, nc * sizeof *nv) : NULL;
-        if (!nv)
-            return false;
-        *v = nv;
-        *cap = nc;
-    }
-    (*v)[(*n)++] = x;
-    return true;
-}
 
 /* A TP rank's encoder cache (ranks 1..tp-1; rank 0 uses the engine's). */
 typedef struct shadow {
@@ -118,20 +100,9 @@ struct node {
     pthread_mutex_t out_mu;
     /* the ZeroMQ echo (prefill) */
     kvp_tool_echo_t echo;
-    /* the round-trip sampler during the workload (encoder) */
-    pthread_t samp_th;
-    bool samp_started;
-    atomic_bool samp_quit;
-    char samp_addr[128];
-    size_t samp_bytes;
-    uint64_t samp_interval_us;
-    span_t *samp; /* each round trip: [sent, answered] */
-    size_t n_samp, cap_samp;
-    /* the writing reserves' [sent, answered] (encoder; on_push), for the
-     * samples paired with them */
-    pthread_mutex_t resv_mu;
-    span_t *resv;
-    size_t n_resv, cap_resv;
+    /* the round-trip sampler during the workload (encoder), paired with
+     * the writing reserves (on_push) */
+    kvp_tool_sampler_t samp;
 };
 
 /* ---------------------------------------------------------------- output */
@@ -178,16 +149,11 @@ static void emit_error(node_t *n, const char *msg)
 
 /* ---------------------------------------------------------------- callbacks */
 
-#define SAMP_MAX 1000000u
-
 static void on_push(void *ctx, const kvp_ec_push_record_t *r)
 {
     node_t *n = ctx;
-    if (r->status == KVP_OK && r->written > 0 && r->reserve_done_ns >= r->reserve_sent_ns) {
-        pthread_mutex_lock(&n->resv_mu);
-        span_push(&n->resv, &n->n_resv, &n->cap_resv, SAMP_MAX, (span_t){r->reserve_sent_ns, r->reserve_done_ns});
-        pthread_mutex_unlock(&n->resv_mu);
-    }
+    if (r->status == KVP_OK && r->written > 0)
+        kvp_tool_sampler_op(&n->samp, r->reserve_sent_ns, r->reserve_done_ns, r->reserve_reply_bytes);
     kvp__jw_t b;
     kvp__jw_init(&b);
     kvp__jw_puts(&b, "{");
@@ -203,6 +169,7 @@ static void on_push(void *ctx, const kvp_ec_push_record_t *r)
     jbool(&b, "retryable", r->retryable);
     jint(&b, "reserve_sent_ns", (int64_t)r->reserve_sent_ns);
     jint(&b, "reserve_done_ns", (int64_t)r->reserve_done_ns);
+    jint(&b, "reserve_reply_bytes", (int64_t)r->reserve_reply_bytes);
     jint(&b, "write_start_ns", (int64_t)r->write_start_ns);
     jint(&b, "write_done_ns", (int64_t)r->write_done_ns);
     jint(&b, "complete_done_ns", (int64_t)r->complete_done_ns);
@@ -442,93 +409,6 @@ static kvp_status_t tp_build_meta(void *ctx, kvp_ec_worker_meta_t *out, bool *ha
     return KVP_OK;
 }
 
-/* ---------------------------------------------------------------- ZeroMQ round trips */
-
-/* count bare REQ/REP round trips of `bytes`-byte frames to addr (after 50
- * to warm up); the p50 in ns, or 0 when it fails. */
-static uint64_t rtt_measure(const char *addr, size_t bytes, size_t count)
-{
-    kvp_tool_ping_t p;
-    uint64_t *lat = kvp__calloc(count, sizeof *lat), p50 = 0;
-    if (!lat || kvp_tool_ping_open(&p, addr, bytes, 2000) != 0) {
-        kvp__free(lat, lat ? count * sizeof *lat : 0);
-        return 0;
-    }
-    size_t i = 0;
-    for (; i < count + 50; i++) {
-        uint64_t dt = kvp_tool_ping(&p);
-        if (!dt)
-            break;
-        if (i >= 50)
-            lat[i - 50] = dt;
-    }
-    if (i == count + 50)
-        p50 = kvp_tool_quantile(lat, count, 0.5);
-    kvp_tool_ping_close(&p);
-    kvp__free(lat, count * sizeof *lat);
-    return p50;
-}
-
-/* The sampler: one bare round trip every interval until told to stop, so
- * the baseline sees the machine the reserves see (the workload's load). */
-static void *sampler_main(void *arg)
-{
-    node_t *n = arg;
-    kvp_tool_ping_t p;
-    if (kvp_tool_ping_open(&p, n->samp_addr, n->samp_bytes, 2000) != 0)
-        return NULL;
-    while (!atomic_load(&n->samp_quit)) {
-        uint64_t t0 = kvp__now_ns(), dt = kvp_tool_ping(&p);
-        if (!dt)
-            break;
-        span_push(&n->samp, &n->n_samp, &n->cap_samp, SAMP_MAX, (span_t){t0, t0 + dt});
-        usleep((useconds_t)n->samp_interval_us);
-    }
-    kvp_tool_ping_close(&p);
-    return NULL;
-}
-
-static int span_cmp(const void *x, const void *y)
-{
-    const span_t *a = x, *b = y;
-    return a->a < b->a ? -1 : a->a > b->a;
-}
-
-/* The round trips paired with the writing reserves: for each reserve, the
- * sample that started nearest to its start (within PAIR_MAX_NS), so the
- * pair saw the same moment of the workload.  Chosen by start time alone,
- * which neither round trip's length decides (a sample chosen for
- * overlapping a reserve would favour the long ones).  samp is in start
- * order (one thread took them in turn). */
-#define PAIR_MAX_NS 2000000u
-static uint64_t rtt_pair_p50(node_t *n, size_t *count_p)
-{
-    pthread_mutex_lock(&n->resv_mu);
-    qsort(n->resv, n->n_resv, sizeof *n->resv, span_cmp);
-    uint64_t *out = kvp__calloc(n->n_resv + 1, sizeof *out);
-    size_t m = 0, j = 0;
-    for (size_t i = 0; out && i < n->n_resv && n->n_samp; i++) {
-        uint64_t t = n->resv[i].a;
-        while (j + 1 < n->n_samp && n->samp[j + 1].a <= t)
-            j++;
-        /* samp[j] is the last that started by t (or the first of all);
-         * samp[j + 1] the first after it */
-        size_t k = j;
-        uint64_t d = t > n->samp[j].a ? t - n->samp[j].a : n->samp[j].a - t;
-        if (j + 1 < n->n_samp && n->samp[j + 1].a - t < d) {
-            k = j + 1;
-            d = n->samp[k].a - t;
-        }
-        if (d <= PAIR_MAX_NS)
-            out[m++] = n->samp[k].b - n->samp[k].a;
-    }
-    uint64_t p50 = kvp_tool_quantile(out, m, 0.5);
-    kvp__free(out, out ? (n->n_resv + 1) * sizeof *out : 0);
-    pthread_mutex_unlock(&n->resv_mu);
-    *count_p = m;
-    return p50;
-}
-
 /* ---------------------------------------------------------------- set-up */
 
 /* commands.h: a base port with base..base+n-1 free on 127.0.0.1 just now
@@ -737,12 +617,6 @@ static void node_stop(node_t *n)
 {
     kvp__metrics_stop(n->metrics);
     kvp_tool_echo_stop(&n->echo);
-    if (n->samp_started) {
-        atomic_store(&n->samp_quit, true);
-        pthread_join(n->samp_th, NULL);
-    }
-    kvp__free(n->samp, n->cap_samp * sizeof *n->samp);
-    kvp__free(n->resv, n->cap_resv * sizeof *n->resv);
     if (n->sched)
         kvp_ec_sched_close(n->sched);
     kvp__mm_destroy(n->mm); /* the encoder cache points into the workers' pools: first */
@@ -755,6 +629,7 @@ static void node_stop(node_t *n)
     kvp__free(n->kept, n->cap_kept * sizeof *n->kept);
     if (n->pool)
         kvp_pool_close(n->pool);
+    kvp_tool_sampler_destroy(&n->samp); /* after the workers: on_push reports to it */
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -860,7 +735,7 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
             emit_error(n, "rtt: addr, bytes (1..60000), count (1..100000)");
             return true;
         }
-        uint64_t p50 = rtt_measure(addr, (size_t)bytes, (size_t)count);
+        uint64_t p50 = kvp_tool_ping_p50(addr, (size_t)bytes, kvp_tool_sampler_reply_bytes(&n->samp), (size_t)count);
         kvp__jw_t b;
         kvp__jw_init(&b);
         kvp__jw_puts(&b, "{");
@@ -870,44 +745,26 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
         emit(n, &b);
         kvp__jw_cleanup(&b);
     } else if (!strcmp(op, "rtt_start")) {
+        char addr[128];
         int64_t bytes, iv;
-        if (n->samp_started || !kvp__epd_json_str(root, "addr", n->samp_addr, sizeof n->samp_addr) ||
-            !kvp__epd_json_int(root, "bytes", &bytes) || !kvp__epd_json_int(root, "interval_us", &iv) || bytes < 1 ||
-            bytes > 60000 || iv < 0 || iv > 1000000) {
+        if (!kvp__epd_json_str(root, "addr", addr, sizeof addr) || !kvp__epd_json_int(root, "bytes", &bytes) ||
+            !kvp__epd_json_int(root, "interval_us", &iv) || bytes < 1 || bytes > 60000 || iv < 0 || iv > 1000000 ||
+            kvp_tool_sampler_start(&n->samp, addr, (size_t)bytes, (uint64_t)iv) != 0) {
             emit_error(n, "rtt_start: addr, bytes (1..60000), interval_us (0..1000000), once");
             return true;
         }
-        n->samp_bytes = (size_t)bytes;
-        n->samp_interval_us = (uint64_t)iv;
-        atomic_store(&n->samp_quit, false);
-        if (pthread_create(&n->samp_th, NULL, sampler_main, n) != 0) {
-            emit_error(n, "rtt_start: no thread");
-            return true;
-        }
-        n->samp_started = true;
     } else if (!strcmp(op, "rtt_stop")) {
-        uint64_t p50 = 0, p50_pair = 0;
-        size_t cnt = 0, cnt_pair = 0;
-        if (n->samp_started) {
-            atomic_store(&n->samp_quit, true);
-            pthread_join(n->samp_th, NULL);
-            n->samp_started = false;
-            cnt = n->n_samp;
-            uint64_t *all = kvp__calloc(cnt + 1, sizeof *all);
-            for (size_t i = 0; all && i < cnt; i++)
-                all[i] = n->samp[i].b - n->samp[i].a;
-            p50 = all ? kvp_tool_quantile(all, cnt, 0.5) : 0;
-            kvp__free(all, all ? (cnt + 1) * sizeof *all : 0);
-            p50_pair = rtt_pair_p50(n, &cnt_pair);
-        }
+        kvp_tool_sampler_result_t sr;
+        kvp_tool_sampler_stop(&n->samp, &sr);
         kvp__jw_t b;
         kvp__jw_init(&b);
         kvp__jw_puts(&b, "{");
         jstr(&b, "ev", "rtt_loaded");
-        jint(&b, "p50_ns", (int64_t)p50);
-        jint(&b, "count", (int64_t)cnt);
-        jint(&b, "paired_p50_ns", (int64_t)p50_pair);
-        jint(&b, "paired_count", (int64_t)cnt_pair);
+        jint(&b, "p50_ns", (int64_t)sr.p50_ns);
+        jint(&b, "count", (int64_t)sr.count);
+        jint(&b, "paired_p50_ns", (int64_t)sr.paired_p50_ns);
+        jint(&b, "paired_count", (int64_t)sr.paired_count);
+        jint(&b, "reply_bytes", (int64_t)kvp_tool_sampler_reply_bytes(&n->samp));
         kvp__jw_puts(&b, "}\n");
         emit(n, &b);
         kvp__jw_cleanup(&b);
@@ -1069,7 +926,7 @@ int kvp_cmd_epd_node(int argc, char **argv)
     static node_t n; /* big; one per process */
     memset(&n, 0, sizeof n);
     pthread_mutex_init(&n.out_mu, NULL);
-    pthread_mutex_init(&n.resv_mu, NULL);
+    kvp_tool_sampler_init(&n.samp);
     n.prefill = !strcmp(o.role, "prefill");
     kvp_status_t st = node_start(&n, &o);
     int rc;

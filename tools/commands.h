@@ -6,8 +6,6 @@
 #ifndef KVP_TOOLS_COMMANDS_H
 #define KVP_TOOLS_COMMANDS_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,33 +30,6 @@ int kvp_cmd_epd_node(int argc, char **argv); /* hidden: started by replay --epd 
 int kvp_bench_ec_reserve(int argc, char **argv);
 /* A base port with base..base+n-1 free on 127.0.0.1 just now (cmd_epd_node.c). */
 int kvp_tool_free_ports(size_t nports);
-
-/* The bare ZeroMQ REQ/REP round trip (zmq_rtt.c).  An echo: a REP on
- * 127.0.0.1 (any port; its endpoint in addr) answered by a thread of its
- * own.  start: 0, or -1 (nothing left running).  stop: also after a failed
- * start. */
-typedef struct kvp_tool_echo {
-    void *ctx, *rep;
-    pthread_t thread;
-    bool started;
-    atomic_bool quit;
-    char addr[64];
-} kvp_tool_echo_t;
-int kvp_tool_echo_start(kvp_tool_echo_t *e);
-void kvp_tool_echo_stop(kvp_tool_echo_t *e);
-/* A pinger: a REQ to addr sending frames of `bytes` bytes, receive timeout
- * timeout_ms.  open: 0 or -1 (closed again).  ping: one round trip's ns,
- * or 0 when it failed (the socket is then out of step: close it). */
-typedef struct kvp_tool_ping {
-    void *ctx, *req;
-    char *buf, *rb;
-    size_t bytes;
-} kvp_tool_ping_t;
-int kvp_tool_ping_open(kvp_tool_ping_t *p, const char *addr, size_t bytes, int timeout_ms);
-uint64_t kvp_tool_ping(kvp_tool_ping_t *p);
-void kvp_tool_ping_close(kvp_tool_ping_t *p);
-/* Sorts v[0..n) and returns its q-quantile (v[n*q]), 0 for n == 0. */
-uint64_t kvp_tool_quantile(uint64_t *v, size_t n, double q);
 
 /* A metrics page (metrics_text.c): the text fn renders into buf (cap
  * bytes; *len_p: the whole text's length; KVP_ERR_BUFFER_TOO_SMALL when it

@@ -567,6 +567,7 @@ typedef struct kvp_ec_push_record {
     uint64_t write_start_ns, write_done_ns; /* 0 when nothing was written */
     uint64_t complete_done_ns;
     unsigned path;       /* KVP_EC_PUSH_TCP or KVP_EC_PUSH_UCX when written */
+    size_t reserve_reply_bytes; /* the largest shard's reserve reply frame (0: none came) */
 } kvp_ec_push_record_t;
 
 typedef struct kvp_ec_worker_params {

@@ -241,6 +241,7 @@ kvp_status_t kvp__ec_client_exchange(kvp__ec_client_t *c, const char *addr, cons
     rep->ok = false;
     rep->result = NULL;
     rep->error = NULL;
+    rep->bytes = 0;
     void *s;
     kvp_status_t st = sock_take(c, addr, &s);
     if (st != KVP_OK)
@@ -277,6 +278,7 @@ kvp_status_t kvp__ec_client_exchange(kvp__ec_client_t *c, const char *addr, cons
         goto out;
     }
     keep = true;
+    rep->bytes = zmq_msg_size(&m);
     st = kvp__ec_ctl_decode_reply(&rep->json, zmq_msg_data(&m), zmq_msg_size(&m), &rep->ok, &rep->result,
                                   &rep->error);
     if (st == KVP_ERR_DECODE)

@@ -35,6 +35,7 @@ typedef struct kvp__ec_reply {
     bool ok;
     const kvp__json_t *result; /* ok */
     const char *error;         /* !ok: the server's message */
+    size_t bytes;              /* the reply frame's size (0: none came) */
 } kvp__ec_reply_t;
 
 void kvp__ec_reply_init(kvp__ec_reply_t *r);

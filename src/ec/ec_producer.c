@@ -84,6 +84,7 @@ typedef struct {
     uint64_t dst_ptr, nbytes;
     bool reserved, write, ready, cached, cancelled;
     uint64_t received_ns;
+    size_t reply_bytes; /* the reserve reply's frame */
 } shard_t;
 
 typedef struct source {
@@ -334,6 +335,7 @@ static void reserve_shard(void *ctx, size_t i)
             sh->cancelled = o.cancelled;
             sh->reserved = true;
             sh->received_ns = kvp__now_ns();
+            sh->reply_bytes = rep.bytes;
             if (!sh->session)
                 st = KVP_ERR_NO_MEMORY;
         } else {
@@ -425,9 +427,12 @@ static void run_reserve(kvp__ec_producer_t *pr, rec_t *r)
     r->rep.reserve_sent_ns = kvp__now_ns();
     kvp_status_t st = reserve_all(pr, r, &sh, &n);
     r->rep.reserve_done_ns = kvp__now_ns();
-    for (size_t i = 0; st == KVP_OK && i < n; i++)
+    for (size_t i = 0; st == KVP_OK && i < n; i++) {
+        if (sh[i].reply_bytes > r->rep.reserve_reply_bytes)
+            r->rep.reserve_reply_bytes = sh[i].reply_bytes;
         if (sh[i].write && !sh[i].cancelled)
             kvp__ec_push_tx_prepare(pr->tx, sh[i].session);
+    }
     bool cancel_now = false;
     pthread_mutex_lock(&pr->mu);
     cancel_now = r->state == P_CANCEL_PENDING;

@@ -42,7 +42,13 @@
  *                 busiest, and a round trip is six thread wake-ups: each
  *                 side's caller and its ZeroMQ I/O thread, both ways);
  *                 zmq_rtt_loaded: over all the samples taken while the
- *                 workload ran; zmq_rtt_idle: before it
+ *                 workload ran; zmq_rtt_idle: before it.  Frames of a
+ *                 reserve's size both ways: the first image's reserve
+ *                 request (zmq_rtt_request_bytes) and, once a reserve was
+ *                 answered, the largest writing reserve's reply
+ *                 (zmq_rtt_reply_bytes; reserve_reply_bytes: what the
+ *                 reserves got); until then, and in zmq_rtt_idle, the
+ *                 request's own size
  *   reserve_service  the consumers' control servers' time per reserve
  *                 request, received -> replied (a parked one without its
  *                 wait for the cross-encoder cache), mean over all
@@ -245,6 +251,8 @@ typedef struct run {
     double rtt_paired_p50_us; /* the sample nearest each writing reserve in time */
     double rtt_idle_p50_us;   /* before it */
     int64_t rtt_loaded_count, rtt_paired_count;
+    int64_t rtt_reply_bytes;  /* the echo's replies: a reserve reply's size (0: the request's) */
+    int64_t reserve_reply_bytes; /* the writing reserves' largest reply */
     uint64_t work_ns;         /* the proxy's loop: first request sent -> the last ended */
     kvp__proc_usage_t use[3];           /* the server's, the prefill node's, the encoder node's CPU in the workload */
     stats_line_t pf, enc;      /* the last stats lines */
@@ -366,6 +374,9 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
         r->via_ucx += !strcmp(path, "ucx");
         r->via_tcp += !strcmp(path, "tcp");
         r->bytes_pushed += (uint64_t)nb * (uint64_t)wr;
+        int64_t rb = jint0(o, "reserve_reply_bytes");
+        if (wr > 0 && rb > r->reserve_reply_bytes)
+            r->reserve_reply_bytes = rb;
         xfer_t *x = xfer_get(r, s);
         if (x) {
             x->pushed = true;
@@ -391,11 +402,13 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
         r->rtt_idle_p50_us = (double)ns / 1e3;
         r->rtt_done = true;
     } else if (!strcmp(ev, "rtt_loaded") && !prefill) {
-        int64_t ns, cnt, bns, bcnt;
+        int64_t ns, cnt, bns, bcnt, rb;
         if (!kvp__epd_json_int(o, "p50_ns", &ns) || !kvp__epd_json_int(o, "count", &cnt) ||
-            !kvp__epd_json_int(o, "paired_p50_ns", &bns) || !kvp__epd_json_int(o, "paired_count", &bcnt) || ns < 0 ||
-            cnt < 0 || bns < 0 || bcnt < 0)
-            return bad_line(r, c, "rtt_loaded without p50_ns, count, paired_p50_ns and paired_count >= 0", line, len);
+            !kvp__epd_json_int(o, "paired_p50_ns", &bns) || !kvp__epd_json_int(o, "paired_count", &bcnt) ||
+            !kvp__epd_json_int(o, "reply_bytes", &rb) || ns < 0 || cnt < 0 || bns < 0 || bcnt < 0 || rb < 0)
+            return bad_line(r, c, "rtt_loaded without p50_ns, count, paired_p50_ns, paired_count and reply_bytes >= 0",
+                            line, len);
+        r->rtt_reply_bytes = rb;
         r->rtt_all_p50_us = (double)ns / 1e3;
         r->rtt_loaded_count = cnt;
         r->rtt_paired_p50_us = (double)bns / 1e3;
@@ -598,6 +611,18 @@ static uint64_t union_ns(span_t *v, size_t n)
 
 static double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+/* The size of a reserve request for the first image (the frame the
+ * round-trip baseline sends). */
+static size_t reserve_frame_bytes(const run_t *r)
+{
+    char f[512];
+    int n = snprintf(f, sizeof f,
+                     "{\"op\":\"reserve\",\"transfer_id\":\"%s#0\",\"mm_hash\":\"%s\",\"nbytes\":%" PRId64
+                     ",\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"bfloat16\"}",
+                     r->w.reqs[0].id, r->w.hashes[0], r->p->wl.size, r->w.num_embeds, r->w.hidden);
+    return n > 0 ? (size_t)n : 128;
+}
+
 static int report(run_t *r, double mc, double wall_s)
 {
     size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0;
@@ -663,9 +688,10 @@ static int report(run_t *r, double mc, double wall_s)
            no_event ? " (some pushes had no event)" : "");
     printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us paired "
            "with them (%" PRId64 " writing reserves, each with the sample that started nearest it; %.2fx), %.0f us all through the workload (%" PRId64
-           " samples; %.2fx), %.0f us before it (%.2fx)\n",
+           " samples; %.2fx), %.0f us before it (%.2fx); frames of %zu bytes, answered with %" PRId64 "\n",
            r50, cr50, r->rtt_paired_p50_us, r->rtt_paired_count, ratio(r50, r->rtt_paired_p50_us), r->rtt_all_p50_us,
-           r->rtt_loaded_count, ratio(r50, r->rtt_all_p50_us), r->rtt_idle_p50_us, ratio(r50, r->rtt_idle_p50_us));
+           r->rtt_loaded_count, ratio(r50, r->rtt_all_p50_us), r->rtt_idle_p50_us, ratio(r50, r->rtt_idle_p50_us),
+           reserve_frame_bytes(r), r->rtt_reply_bytes);
     printf("  the control server served a reserve in %.1f us on average, %.1f us of them on its CPU (%" PRId64
            " reserves, received -> replied); the rest of a round trip is the client, ZeroMQ, TCP and thread "
            "wake-ups\n",
@@ -703,6 +729,9 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "zmq_rtt_paired_samples", (double)r->rtt_paired_count, true);
         jnum(&b, "zmq_rtt_loaded_us", r->rtt_all_p50_us, false);
         jnum(&b, "zmq_rtt_idle_us", r->rtt_idle_p50_us, false);
+        jnum(&b, "zmq_rtt_request_bytes", (double)reserve_frame_bytes(r), true);
+        jnum(&b, "zmq_rtt_reply_bytes", (double)r->rtt_reply_bytes, true);
+        jnum(&b, "reserve_reply_bytes", (double)r->reserve_reply_bytes, true);
         jnum(&b, "reserve_service_us", svc_us, false);
         jnum(&b, "reserve_service_cpu_us", svc_cpu_us, false);
         jnum(&b, "encoder_cpu_s", (double)r->use[2].cpu_ns / 1e9, false);
@@ -804,18 +833,6 @@ static kvp_status_t start_node(run_t *r, child_t *c, bool prefill)
     while (!*ready && !c->eof && kvp__now_ns() - t0 < 30000000000ull)
         pump(r, 50);
     return *ready ? KVP_OK : KVP_ERR_TIMEOUT;
-}
-
-/* The size of a reserve request for the first image (the frame the
- * round-trip baseline sends). */
-static size_t reserve_frame_bytes(const run_t *r)
-{
-    char f[512];
-    int n = snprintf(f, sizeof f,
-                     "{\"op\":\"reserve\",\"transfer_id\":\"%s#0\",\"mm_hash\":\"%s\",\"nbytes\":%" PRId64
-                     ",\"shape\":[%" PRId64 ",%" PRId64 "],\"dtype\":\"bfloat16\"}",
-                     r->w.reqs[0].id, r->w.hashes[0], r->p->wl.size, r->w.num_embeds, r->w.hidden);
-    return n > 0 ? (size_t)n : 128;
 }
 
 int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)

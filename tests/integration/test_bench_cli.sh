@@ -47,6 +47,7 @@ import json, sys
 r = json.loads(sys.stdin.read())
 assert r[\"rounds\"] == 2 and r[\"per_round\"] == 3 and r[\"pool\"] is False, r
 assert r[\"zmq_rtt_us\"] > 0 and r[\"reserve_p50_us\"] > 0 and r[\"reserve_over_rtt\"] > 0, r
+assert 100 < r[\"frame\"] < r[\"reply_frame\"], r
 '"
 check bench_ec_reserve_bad_gap sh -c "! '$KVP' bench --ec-reserve --gap-us 2000000 2>/dev/null"
 checks_end

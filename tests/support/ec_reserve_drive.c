@@ -19,7 +19,8 @@ kvp_status_t kvp__rd_client_create(int64_t timeout_ms, kvp__rd_client_t **c_p)
 void kvp__rd_client_destroy(kvp__rd_client_t *c) { kvp__ec_client_destroy(c); }
 
 kvp_status_t kvp__rd_reserve_once(kvp__rd_client_t *c, const char *addr, const char *tid, const char *hash,
-                                  uint64_t size, int64_t hidden, uint64_t *ns_p, bool *cached_p, size_t *frame_p)
+                                  uint64_t size, int64_t hidden, uint64_t *ns_p, bool *cached_p, size_t *frame_p,
+                                  size_t *reply_p)
 {
     if (hidden < 1 || size < 2 * (uint64_t)hidden)
         return KVP_ERR_INVALID_ARG;
@@ -45,6 +46,8 @@ kvp_status_t kvp__rd_reserve_once(kvp__rd_client_t *c, const char *addr, const c
     kvp_status_t st = kvp__ec_client_request(c, addr, b.p, b.len, &rep);
     *ns_p = kvp__now_ns() - t0;
     kvp__jw_cleanup(&b);
+    if (reply_p)
+        *reply_p = rep.bytes;
     kvp__ec_reserve_out_t o;
     const char *session = NULL;
     uint64_t ptr = 0;

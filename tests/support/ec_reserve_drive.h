@@ -23,10 +23,12 @@ void kvp__rd_client_destroy(kvp__rd_client_t *c);
 /* One reserve of (tid, hash) for a bfloat16 tensor of [size / (2 * hidden),
  * hidden] at the control address addr, timed from send to reply (*ns_p);
  * the reservation is then cancelled with abandon, untimed, so the receive
- * pool never fills.  *cached_p: the reply's cached; *frame_p (may be NULL):
- * the request's length in bytes.  KVP_OK, or the first failing status. */
+ * pool never fills.  *cached_p: the reply's cached; *frame_p and *reply_p
+ * (may be NULL): the request's and the reply's lengths in bytes.  KVP_OK,
+ * or the first failing status. */
 kvp_status_t kvp__rd_reserve_once(kvp__rd_client_t *c, const char *addr, const char *tid, const char *hash,
-                                  uint64_t size, int64_t hidden, uint64_t *ns_p, bool *cached_p, size_t *frame_p);
+                                  uint64_t size, int64_t hidden, uint64_t *ns_p, bool *cached_p, size_t *frame_p,
+                                  size_t *reply_p);
 
 /* Puts n values of `size` bytes into the pool at uri under the consumer's
  * store keys of model and hash_of(i) (the cross-encoder cache's entries). */
