@@ -17,7 +17,9 @@
  *     record (kvp_ec_worker_params.on_push) goes to the replay.
  *
  * In (replay -> node): {"op":"req",...} (kvp__epd_msg_req_write),
- *   {"op":"rtt","addr":A,"bytes":B,"count":N} (encoder: N round trips now),
+ *   {"op":"rtt","addr":A,"bytes":B,"count":N} (encoder: N round trips now;
+ *   frames of B bytes, replies of the largest writing reserve's reply once
+ *   one was answered, else of B),
  *   {"op":"rtt_start","addr":A,"bytes":B,"interval_us":U} and
  *   {"op":"rtt_stop"} (encoder: one round trip every U us in between, on a
  *   thread of its own, while the workload runs), {"op":"stats"},

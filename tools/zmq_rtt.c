@@ -234,9 +234,10 @@ static void *sampler_main(void *arg)
 
 int kvp_tool_sampler_start(kvp_tool_sampler_t *s, const char *addr, size_t bytes, uint64_t interval_us)
 {
-    if (s->started || !addr || strlen(addr) >= sizeof s->addr || bytes < 1 || bytes > KVP_TOOL_ECHO_MAX)
+    size_t alen = addr ? strlen(addr) : 0;
+    if (s->started || !addr || alen >= sizeof s->addr || bytes < 1 || bytes > KVP_TOOL_ECHO_MAX)
         return -1;
-    strcpy(s->addr, addr);
+    memcpy(s->addr, addr, alen + 1);
     s->bytes = bytes;
     s->interval_us = interval_us;
     atomic_store(&s->quit, false);
