@@ -40,7 +40,9 @@ static void frame_ask(char *f, size_t len, size_t reply_bytes)
 static void *echo_main(void *arg)
 {
     kvp_tool_echo_t *e = arg;
-    char *buf = kvp__malloc(KVP_TOOL_ECHO_MAX);
+    /* zeroed: a reply longer than the frame it answers sends the buffer's
+     * bytes past the frame, which must never be uninitialised memory */
+    char *buf = kvp__calloc(1, KVP_TOOL_ECHO_MAX);
     while (buf && !atomic_load(&e->quit)) {
         zmq_pollitem_t it = {e->rep, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, 100) <= 0)
