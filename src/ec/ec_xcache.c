@@ -1,19 +1,24 @@
 /*
  * The cross-encoder cache's pool lookups: see ec_xcache.h.
  *
- * A lookup is a job, one step at a time (job_t.step):
- *   PROBE   on the caller's thread (the control server's): the pool answers
- *           from what this process holds (kvp__pool_probe: the pool
- *           server's membership filter), no I/O.  Absent: a miss, ended
- *           now.  Present, or it cannot tell: the job goes to the thread.
- *           A backend with no probe (embedded://) is submitted right there
- *           instead, as it answers at once.
- *   EXISTS  the thread submits it (an asynchronous pool op; its callback
- *           runs on the pool's thread, or inline), so the control thread
- *           never posts to the transport or waits on its locks.
- *   GET     on a hit, the thread fills an extent of the slab from the pool.
- * and then finish (done(token), counters, backoff, free).  `inflight`
- * counts jobs started and not finished; destroy waits for 0.
+ * A lookup is a job:
+ *   PROBE  on the caller's thread (the control server's): the pool answers
+ *          from what this process holds (kvp__pool_probe: the pool
+ *          server's membership filter), no I/O.  Absent: a miss, ended now.
+ *          Present, or it cannot tell: the job goes to the thread, for its
+ *          get.  A backend with no probe (embedded://) answers an EXISTS at
+ *          once: submitted right there, and only a hit goes to the thread.
+ *   GET    the thread opens a fill extent of the slab and submits the get
+ *          straight into it (an asynchronous pool op, whose callback runs
+ *          on the pool's thread, or inline): a hit publishes the extent, a
+ *          NOT_FOUND is a miss and frees it.  No EXISTS first: where the
+ *          probe could not rule the key out, the value is asked for at
+ *          once, which costs a miss no more than an EXISTS would and saves
+ *          a hit a round trip to the pool server.
+ * and then finish (done(token), counters, backoff, free).  At most
+ * MAX_GETS gets are in flight (each holds a fill extent of the slab); the
+ * rest wait on the queue.  `inflight` counts jobs started and not
+ * finished; destroy waits for 0.
  *
  * Lock order: x->mu, then the reservation table's (fill_begin/fill_end are
  * never called with x->mu held, so in practice the two never nest).
@@ -35,12 +40,10 @@
 
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 10000
-
-typedef enum { STEP_EXISTS, STEP_GET } step_t; /* what the thread does next */
+#define MAX_GETS 8 /* gets in flight (fill extents held) at once; KVP__EC_MAX_FILLS is 16 */
 
 typedef struct job {
     kvp__list_t link; /* on x->queue while it waits for the thread */
-    step_t step;
     kvp__ec_xcache_t *x;
     char hash[256];
     kvp__ec_tensor_t t;
@@ -48,8 +51,15 @@ typedef struct job {
     kvp_key_t k;
     uint8_t present;
     kvp_op_t op;
+    /* the get, while in flight */
+    uint64_t fill_id;
+    kvp_iov_t iov;
+    kvp_sgl_t sgl;
+    kvp_key_result_t res;
     kvp__ec_xcache_done_fn done;
     void *token;
+    uint64_t deadline_ns; /* kvp__now_ns(): the lookup's start + timeout */
+    bool holds_get;       /* counted in x->gets (taken by the thread) */
 } job_t;
 
 struct kvp__ec_xcache {
@@ -57,6 +67,7 @@ struct kvp__ec_xcache {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* queue grew, closing, or inflight dropped */
     kvp__list_t queue; /* jobs for the get thread */
+    size_t gets;       /* gets in flight */
     bool closing;
     pthread_t thread;
     bool thread_started;
@@ -92,13 +103,24 @@ static void note_pool_locked(kvp__ec_xcache_t *x, kvp_status_t st)
                 kvp_status_str(st), ms);
 }
 
+/* Ends the job: pool_st is the pool's answer (KVP_OK or NOT_FOUND: it
+ * answered; KVP_ERR_BUSY: not asked, skipped; anything else: it failed). */
 static void finish(job_t *j, kvp_status_t pool_st, bool hit)
 {
     kvp__ec_xcache_t *x = j->x;
     kvp__ec_xcache_done_fn done = j->done;
     void *token = j->token;
     pthread_mutex_lock(&x->mu);
-    note_pool_locked(x, pool_st);
+    if (pool_st == KVP_ERR_BUSY)
+        x->st.skipped++;
+    else
+        note_pool_locked(x, pool_st);
+    /* the get's slot goes with its outcome noted: a job the thread takes
+     * next sees the backoff a failure started */
+    if (j->holds_get) {
+        x->gets--;
+        pthread_cond_broadcast(&x->cv);
+    }
     if (hit) {
         x->st.hits++;
         x->st.bytes_fetched += j->t.nbytes;
@@ -115,18 +137,18 @@ static void finish(job_t *j, kvp_status_t pool_st, bool hit)
     pthread_mutex_unlock(&x->mu);
 }
 
-/* The job to the thread, for its next step. */
-static void queue_step(job_t *j, step_t step)
+/* The job to the thread, for its get. */
+static void queue_get(job_t *j)
 {
     kvp__ec_xcache_t *x = j->x;
-    j->step = step;
     pthread_mutex_lock(&x->mu);
     kvp__list_add_tail(&x->queue, &j->link);
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
 }
 
-/* After EXISTS: a miss or a failure ends the job; a hit queues the get. */
+/* After an EXISTS (a backend without a probe): a miss or a failure ends
+ * the job; a hit queues the get. */
 static void after_exists(job_t *j, kvp_status_t st)
 {
     if (st == KVP_OK && !j->present)
@@ -135,50 +157,63 @@ static void after_exists(job_t *j, kvp_status_t st)
         finish(j, st, false);
         return;
     }
-    queue_step(j, STEP_GET);
+    queue_get(j);
 }
 
 static void exists_cb(void *arg, kvp_status_t st) { after_exists(arg, st); }
 
-/* The thread's EXISTS step: the pool op, submitted. */
-static void run_exists(job_t *j)
+/* The get ended (any thread): publish the extent or free it, then finish.
+ * NOT_FOUND is the pool answering (a miss), and so is a value of another
+ * size: neither is a pool failure. */
+static void after_get(job_t *j, kvp_status_t st)
 {
-    kvp_status_t st = kvp_pool_submit(j->x->p.pool, &j->op);
-    if (st != KVP_INPROGRESS)
-        after_exists(j, st); /* done now (inline, or refused) */
+    kvp__ec_xcache_t *x = j->x;
+    kvp_status_t kst = st == KVP_OK ? j->res.status : st;
+    bool ok = kst == KVP_OK && j->res.size == j->t.nbytes;
+    if (kst == KVP_OK && !ok)
+        kvp_warn_rl("ec cross-encoder cache: pool value of %s has %" PRIu64 " bytes, the reserve %" PRIu64, j->hash,
+                    j->res.size, j->t.nbytes);
+    if (kst == KVP_ERR_BUFFER_TOO_SMALL)
+        kvp_warn_rl("ec cross-encoder cache: pool value of %s is larger than the reserve's %" PRIu64 " bytes",
+                    j->hash, j->t.nbytes);
+    kvp_status_t fst = kvp__ec_resv_fill_end(x->p.resv, j->fill_id, ok);
+    bool pool_failed = st != KVP_OK || (kst != KVP_OK && kst != KVP_ERR_NOT_FOUND && kst != KVP_ERR_BUFFER_TOO_SMALL);
+    finish(j, pool_failed ? kst : KVP_OK, ok && fst == KVP_OK);
 }
 
-/* The get thread's step: the value straight into a fill of the slab. */
+static void get_cb(void *arg, kvp_status_t st) { after_get(arg, st); }
+
+/* The thread's step (x->gets counts the job already): the value straight into
+ * a fill of the slab, submitted with what is left of the lookup's time.
+ * A job whose time ran out on the queue, or taken while the pool is
+ * backing off (a get queued with it failed), is skipped instead. */
 static void run_get(job_t *j)
 {
     kvp__ec_xcache_t *x = j->x;
+    uint64_t now = kvp__now_ns();
+    pthread_mutex_lock(&x->mu);
+    bool skip = now >= j->deadline_ns || (x->fails && now < x->backoff_until);
+    pthread_mutex_unlock(&x->mu);
+    if (skip) {
+        finish(j, KVP_ERR_BUSY, false);
+        return;
+    }
     uint8_t *dst = NULL;
-    uint64_t id = 0;
-    kvp_status_t st = kvp__ec_resv_fill_begin(x->p.resv, j->hash, &j->t, &dst, &id);
-    if (st != KVP_OK || id == 0) {
+    kvp_status_t st = kvp__ec_resv_fill_begin(x->p.resv, j->hash, &j->t, &dst, &j->fill_id);
+    if (st != KVP_OK || j->fill_id == 0) {
         /* resident already (a hit), or no room / a conflict / closing (a
          * miss that is nobody's pool failure) */
         finish(j, KVP_OK, st == KVP_OK);
         return;
     }
-    kvp_iov_t iov = {dst, j->t.nbytes};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t res = {0};
-    kvp_op_t op = {.type = KVP_OP_GET, .keys = &j->k, .n = 1, .values = &sgl, .results = &res,
-                   .timeout_ms = x->p.get_timeout_ms};
-    st = kvp_pool_run(x->p.pool, &op);
-    kvp_status_t kst = st == KVP_OK ? res.status : st;
-    bool ok = kst == KVP_OK && res.size == j->t.nbytes;
-    if (kst == KVP_OK && !ok)
-        kvp_warn_rl("ec cross-encoder cache: pool value of %s has %" PRIu64 " bytes, the reserve %" PRIu64, j->hash,
-                    res.size, j->t.nbytes);
-    if (kst == KVP_ERR_BUFFER_TOO_SMALL)
-        kvp_warn_rl("ec cross-encoder cache: pool value of %s is larger than the reserve's %" PRIu64 " bytes",
-                    j->hash, j->t.nbytes);
-    kvp_status_t fst = kvp__ec_resv_fill_end(x->p.resv, id, ok);
-    /* A value of the wrong size is the pool answering: not a pool failure. */
-    bool pool_failed = st != KVP_OK || (kst != KVP_OK && kst != KVP_ERR_NOT_FOUND && kst != KVP_ERR_BUFFER_TOO_SMALL);
-    finish(j, pool_failed ? kst : KVP_OK, ok && fst == KVP_OK);
+    j->iov = (kvp_iov_t){dst, j->t.nbytes};
+    j->sgl = (kvp_sgl_t){&j->iov, 1};
+    uint64_t left_ms = (j->deadline_ns - now + 999999u) / 1000000u;
+    j->op = (kvp_op_t){.type = KVP_OP_GET, .keys = &j->k, .n = 1, .values = &j->sgl, .results = &j->res,
+                       .timeout_ms = (uint32_t)left_ms, .cb = get_cb, .cb_arg = j};
+    st = kvp_pool_submit(x->p.pool, &j->op);
+    if (st != KVP_INPROGRESS)
+        after_get(j, st); /* done now (inline, or refused) */
 }
 
 static void *get_main(void *arg)
@@ -186,17 +221,16 @@ static void *get_main(void *arg)
     kvp__ec_xcache_t *x = arg;
     pthread_mutex_lock(&x->mu);
     for (;;) {
-        while (kvp__list_empty(&x->queue) && !(x->closing && x->st.inflight == 0))
+        while ((kvp__list_empty(&x->queue) || x->gets >= MAX_GETS) && !(x->closing && x->st.inflight == 0))
             pthread_cond_wait(&x->cv, &x->mu);
         if (kvp__list_empty(&x->queue))
             break; /* closing, and nothing in flight */
         job_t *j = KVP_LIST_FIRST_ENTRY(&x->queue, job_t, link);
         kvp__list_del(&j->link);
+        x->gets++;
+        j->holds_get = true;
         pthread_mutex_unlock(&x->mu);
-        if (j->step == STEP_EXISTS)
-            run_exists(j);
-        else
-            run_get(j);
+        run_get(j);
         pthread_mutex_lock(&x->mu);
     }
     pthread_mutex_unlock(&x->mu);
@@ -212,10 +246,8 @@ kvp_status_t kvp__ec_xcache_create(const kvp__ec_xcache_params_t *p, kvp__ec_xca
     if (!x)
         return KVP_ERR_NO_MEMORY;
     x->p = *p;
-    if (!x->p.exists_timeout_ms)
-        x->p.exists_timeout_ms = 1000;
-    if (!x->p.get_timeout_ms)
-        x->p.get_timeout_ms = 5000;
+    if (!x->p.timeout_ms)
+        x->p.timeout_ms = 1000;
     if (!x->p.max_inflight)
         x->p.max_inflight = 64;
     x->p.model = kvp__strdup(p->model);
@@ -244,7 +276,7 @@ void kvp__ec_xcache_destroy(kvp__ec_xcache_t *x)
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
     /* The get thread ends once nothing is queued or in flight: every
-     * pending exists has a deadline, every get runs on that thread. */
+     * lookup has a deadline. */
     if (x->thread_started)
         pthread_join(x->thread, NULL);
     pthread_mutex_destroy(&x->mu);
@@ -285,19 +317,20 @@ kvp_status_t kvp__ec_xcache_lookup(kvp__ec_xcache_t *x, const char *mm_hash, con
     j->k = (kvp_key_t){j->key, (uint32_t)klen};
     j->done = done;
     j->token = token;
+    j->deadline_ns = kvp__now_ns() + (uint64_t)x->p.timeout_ms * 1000000u;
     j->op = (kvp_op_t){.type = KVP_OP_EXISTS, .keys = &j->k, .n = 1, .present = &j->present,
-                       .timeout_ms = x->p.exists_timeout_ms, .cb = exists_cb, .cb_arg = j};
+                       .timeout_ms = x->p.timeout_ms, .cb = exists_cb, .cb_arg = j};
     kvp_status_t st;
     switch (kvp__pool_probe(x->p.pool, &j->op)) {
     case 1: /* answered here */
         st = KVP_OK;
-        if (j->present) { /* a hit: the get goes to the thread */
-            queue_step(j, STEP_GET);
+        if (j->present) { /* maybe held: the get goes to the thread */
+            queue_get(j);
             return KVP_INPROGRESS;
         }
         break;
-    case 0: /* the pool server must answer: from the thread */
-        queue_step(j, STEP_EXISTS);
+    case 0: /* the pool server must answer: ask it for the value at once */
+        queue_get(j);
         return KVP_INPROGRESS;
     default: /* no probe: a backend that answers at once */
         st = kvp_pool_submit(x->p.pool, &j->op);

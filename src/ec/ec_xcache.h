@@ -7,12 +7,14 @@
  * A lookup runs off the control server's thread, so a reserve waiting on
  * the pool never holds up the requests behind it.  The caller's thread only
  * asks what this process can answer alone (the pool server's membership
- * filter: an image the pool never held is a miss at once); the existence
- * check that needs the pool server is submitted by the xcache's own thread
- * (an asynchronous pool op), and a hit goes back to that thread, which
- * gets the value straight into an extent of the slab
- * (kvp__ec_resv_fill_begin / fill_end, no bounce copy) and then reports.  Each lookup ends, once, within the exists
- * deadline plus the get deadline.
+ * filter: an image the pool never held is a miss at once); for an image the
+ * pool may hold, the xcache's own thread opens an extent of the slab and
+ * gets the value straight into it (kvp__ec_resv_fill_begin / fill_end, no
+ * bounce copy; an asynchronous pool op, at most a few at once): the value
+ * published as a resident is a hit, NOT_FOUND a miss.  A backend with no
+ * probe (embedded://) answers an existence check at once, so there only a
+ * hit is got.  Each lookup ends, once, within its timeout (a lookup that
+ * waited that long for its turn is skipped without asking the pool).
  *
  * A failing pool (down, or answering after the deadline) must not cost
  * every reserve a deadline: after a failure lookups are skipped (a miss at
@@ -41,8 +43,7 @@ typedef struct kvp__ec_xcache_params {
     struct kvp_pool *pool;      /* borrowed; outlives the xcache */
     const char *model;          /* the store key's namespace (kvp__ec_store_key) */
     kvp__ec_resv_t *resv;       /* borrowed; outlives the xcache */
-    uint32_t exists_timeout_ms; /* 0 = 1000 */
-    uint32_t get_timeout_ms;    /* 0 = 5000 */
+    uint32_t timeout_ms;        /* a lookup's time, its get included; 0 = 1000 */
     size_t max_inflight;        /* 0 = 64 */
 } kvp__ec_xcache_params_t;
 

@@ -34,7 +34,9 @@
  *   push_p50/p99  reserve sent (producer) -> the last shard's readiness
  *                 event received by the consumer scheduler's inbox, over
  *                 written pushes (CLOCK_MONOTONIC in both processes)
- *   reserve_p50   reserve sent -> answered, over reserves that write
+ *   reserve_p50   reserve sent -> answered, over reserves that write;
+ *                 reserve_cached_p50: over those answered cached (the
+ *                 consumer held the image, or got it from the pool)
  *   zmq_rtt       the bare round trip's p50 over the samples paired with
  *                 the writing reserves (for each, the sample that started
  *                 nearest it): the reserves' own moments (on this 2-core VM
@@ -53,7 +55,7 @@
  *                 request, received -> replied (a parked one without its
  *                 wait for the cross-encoder cache), mean over all
  *                 reserves; _cpu: the server thread's CPU time in it
- *   workload      the proxy's loop: first request sent -> last one ended
+ *   workload_s    the proxy's loop: first request sent -> last one ended
  *   *_cpu_s, encoder_faults  each process's CPU time (user + system) and
  *                 the encoder's page faults (minor + major) during the
  *                 workload, from /proc/<pid>/stat
@@ -724,6 +726,7 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "push_p50_us", p50, false);
         jnum(&b, "push_p99_us", p99, false);
         jnum(&b, "reserve_p50_us", r50, false);
+        jnum(&b, "reserve_cached_p50_us", cr50, false);
         jnum(&b, "zmq_rtt_us", r->rtt_p50_us, false);
         jnum(&b, "zmq_rtt_paired_us", r->rtt_paired_p50_us, false);
         jnum(&b, "zmq_rtt_paired_samples", (double)r->rtt_paired_count, true);
@@ -738,6 +741,7 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "prefill_cpu_s", (double)r->use[1].cpu_ns / 1e9, false);
         jnum(&b, "server_cpu_s", (double)r->use[0].cpu_ns / 1e9, false);
         jnum(&b, "encoder_faults", (double)r->use[2].faults, true);
+        jnum(&b, "workload_s", (double)r->work_ns / 1e9, false);
         kvp__jw_puts(&b, "}\n");
         if (!b.oom)
             fwrite(b.p, 1, b.len, stdout);

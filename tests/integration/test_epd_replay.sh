@@ -42,7 +42,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
-FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults']"
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','workload_s']"
 # every clean run: exit 0, all done, every byte taken verified, every push taken
 CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
 
@@ -81,7 +81,7 @@ check replay_epd_against_given_pool jcheck first "$CLEAN"
 # the same workload again: a new prefill instance whose reserves find the
 # images in the cross-encoder cache (repeats included)
 epd second --requests 40 --size 1MiB --pool "$URI" --push-wait-s 10
-check replay_epd_cross_encoder_cache_hits jcheck second "rc == 0 and j['failures'] == 0 and j['retryable_errors'] == 0 and j['bytes_taken'] > 0 and j['bytes_verified'] == j['bytes_taken'] >= j['bytes_pushed'] and j['cross_cache_hits'] >= 40"
+check replay_epd_cross_encoder_cache_hits jcheck second "rc == 0 and j['failures'] == 0 and j['retryable_errors'] == 0 and j['bytes_taken'] > 0 and j['bytes_verified'] == j['bytes_taken'] >= j['bytes_pushed'] and j['cross_cache_hits'] >= 40 and j['reserve_cached_p50_us'] > 0"
 kill $SRV_PID 2>/dev/null
 wait $SRV_PID 2>/dev/null
 SRV_PID=""

@@ -1911,12 +1911,73 @@ TEST(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only)
     kvp_pool_close(pool);
 }
 
+/* A lookup the probe cannot answer (a pool server without the membership
+ * filter) asks the pool for the value at once, straight into the slab, with
+ * no existence check first: an image the pool lacks is the get's NOT_FOUND
+ * (a miss, not an error; the server counts a get miss), one it holds is
+ * that get's hit (answered cached, with the pool's bytes). */
+TEST(test_ec_cross_encoder_cache_lookup_asks_for_the_value_at_once)
+{
+    char uri[64];
+    pid_t srv = pool_server_start_with(0, false, uri, sizeof uri);
+    kvp_pool_t *pool;
+    ASSERT_OK(kvp_pool_open(uri, &pool));
+    cons_opts_t o = {.pool = pool};
+    cons_t c;
+    cons_start(&c, free_ports(1), 1, 0, 64 << 20, &o);
+    rc_t peer;
+    rc_open(&peer, c.addr);
+    char key[KVP_KEY_MAX + 1];
+    size_t klen;
+    ASSERT_OK(kvp__ec_store_key("m", "HG1", key, sizeof key, &klen));
+    size_t nb = 64; /* RESERVE_FMT's tensor: [4, 8] bf16 */
+    uint8_t *val = malloc(nb);
+    for (size_t i = 0; i < nb; i++)
+        val[i] = (uint8_t)(0xA0 + i);
+    kvp_key_t k = {key, (uint32_t)klen};
+    kvp_iov_t iov = {val, nb};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t kr;
+    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &kr));
+    ASSERT_OK(kr.status);
+    kvp_pool_stats_t p0, p1, p2;
+    ASSERT_OK(kvp_pool_stats(pool, &p0));
+    ASSERT(strstr(reserve(&peer, "TG0", "HG0"), "\"write\":true"));
+    ASSERT_OK(kvp_pool_stats(pool, &p1));
+    ASSERT_EQ(p1.get_misses, p0.get_misses + 1); /* the lookup was a get */
+    ASSERT_EQ(p1.get_hits, p0.get_hits);
+    kvp_ec_worker_stats_t st;
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_misses, 1);
+    ASSERT_EQ(st.cross_cache_errors, 0);
+    const char *rep = reserve(&peer, "TG1", "HG1");
+    ASSERT_MSG(strstr(rep, "\"cached\":true") && strstr(rep, "\"write\":false"), "reply %s", rep);
+    ASSERT_OK(kvp_pool_stats(pool, &p2));
+    ASSERT_EQ(p2.get_hits, p1.get_hits + 1);
+    ASSERT_EQ(p2.get_misses, p1.get_misses);
+    stats(c.w, &st);
+    ASSERT_EQ(st.cross_cache_hits, 1);
+    ASSERT_EQ(st.cross_cache_misses, 1);
+    /* the slot holds the pool's bytes: the reply's dst_ptr is in this process */
+    const char *pp = strstr(rep, "\"dst_ptr\":");
+    ASSERT(pp);
+    const uint8_t *slot = (const uint8_t *)(uintptr_t)strtoull(pp + 10, NULL, 10);
+    ASSERT(slot != NULL);
+    ASSERT_MEM_EQ(slot, val, nb);
+    free(val);
+    rc_close(&peer);
+    kvp_ec_worker_destroy(c.w);
+    kvp_pool_close(pool);
+    pool_server_stop(srv);
+}
+
 /* A peer that can hold parked reserves against a stopped pool: 40 reserves
  * of fresh hashes from 40 sockets while the cross-encoder cache's pool
  * server (without the membership filter, so that every lookup asks it) is
  * stopped (SIGSTOP) park for their lookups; meanwhile a healthy
  * peer's request is served at once; every parked reserve is answered
- * (write) once the lookups' deadline passes, nothing stays parked, the
+ * (write) once the lookups' deadline passes (those queued behind the
+ * failing ones skipped, not asked in turn), nothing stays parked, the
  * failure counts, and the reserves after it skip the pool (backoff) and are
  * answered at once. */
 TEST(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held)
@@ -1929,6 +1990,7 @@ TEST(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held)
     cons_t c;
     cons_start(&c, free_ports(1), 1, 0, 64 << 20, &o);
     ASSERT_EQ(kill(srv, SIGSTOP), 0);
+    uint64_t t_sent = kvp__now_ns();
     enum { N = 40 };
     rc_t *bad = calloc(N, sizeof *bad);
     char buf[256];
@@ -1956,10 +2018,15 @@ TEST(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held)
         ASSERT(strstr(bad[i].reply, "\"write\":true"));
         rc_close(&bad[i]);
     }
+    /* each within its lookup's 1 s: those queued behind the gets in flight
+     * were skipped once those failed, not asked in turn (40 asked a few at
+     * a time would take several seconds) */
+    ASSERT_LT((kvp__now_ns() - t_sent) / 1000000u, 3000);
     free(bad);
     stats(c.w, &st);
     ASSERT_EQ(st.cross_cache_parked, 0);
     ASSERT_GE(st.cross_cache_errors, 1);
+    ASSERT_GE(st.cross_cache_skipped, 1);
     ASSERT_EQ(st.cross_cache_hits, 0);
     /* backing off: a reserve now does not wait for the stopped pool */
     t0 = kvp__now_ns();
@@ -2180,7 +2247,8 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
           T(test_ec_cross_encoder_cache_miss_answered_by_the_filter),
-          T(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only), T(test_ec_metrics_show_what_peers_hold),
+          T(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only),
+          T(test_ec_cross_encoder_cache_lookup_asks_for_the_value_at_once), T(test_ec_metrics_show_what_peers_hold),
           T(test_ec_control_service_time_inside_the_round_trips),
           T(test_ec_cross_encoder_cache_pool_down_at_start_then_up),
           T(test_ec_s38_available_never_loaded_expires_remote_cancel_end_to_end),
