@@ -40,7 +40,7 @@
 
 #define BACKOFF_MIN_MS 250
 #define BACKOFF_MAX_MS 10000
-#define MAX_GETS 8 /* gets in flight (fill extents held) at once; KVP__EC_MAX_FILLS is 16 */
+#define MAX_GETS 2 /* gets in flight at once, each holding a fill extent (KVP__EC_MAX_FILLS) */
 
 typedef struct job {
     kvp__list_t link; /* on x->queue while it waits for the thread */
