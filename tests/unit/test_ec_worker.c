@@ -1001,6 +1001,21 @@ TEST(test_ec_cross_encoder_cache_reserve_hits_pool)
     kvp_pool_close(pool);
 }
 
+/* An image in the cross-encoder cache's pool, as a producer's put leaves
+ * it: val under the store key of hash (model "m"). */
+static void pool_put_image(kvp_pool_t *pool, const char *hash, const void *val, size_t nb)
+{
+    char key[KVP_KEY_MAX + 1];
+    size_t klen;
+    ASSERT_OK(kvp__ec_store_key("m", hash, key, sizeof key, &klen));
+    kvp_key_t k = {key, (uint32_t)klen};
+    kvp_iov_t iov = {(void *)val, nb};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t kr;
+    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &kr));
+    ASSERT_OK(kr.status);
+}
+
 /* The cross-encoder cache's lookups do not hold up the control server:
  * reserves of one hash the pool holds, from two peers at once, share one
  * lookup and are both answered cached, byte for byte the pool's; a reserve
@@ -1013,13 +1028,7 @@ TEST(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup)
     uint8_t val[64];
     for (int i = 0; i < 64; i++)
         val[i] = (uint8_t)(i * 7 + 1);
-    const char *key = "ec@m@HP"; /* kvp__ec_store_key("m", "HP") */
-    kvp_key_t k = {key, (uint32_t)strlen(key)};
-    kvp_iov_t iov = {val, sizeof val};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t res;
-    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &res));
-    ASSERT_OK(res.status);
+    pool_put_image(pool, "HP", val, sizeof val);
     cons_opts_t o = {.pool = pool};
     cons_t c;
     cons_start(&c, free_ports(1), 1, 0, 1 << 20, &o);
@@ -1804,6 +1813,34 @@ static void pool_server_stop(pid_t pid)
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
 }
 
+/* A consumer (64 MiB receive pool) whose cross-encoder cache is a pool
+ * server in a child process (with the membership filter or not), and one
+ * control peer. */
+typedef struct {
+    pid_t srv;
+    kvp_pool_t *pool;
+    cons_t c;
+    rc_t peer;
+} xc_t;
+
+static void xc_start(xc_t *x, bool filter)
+{
+    char uri[64];
+    x->srv = pool_server_start_with(0, filter, uri, sizeof uri);
+    ASSERT_OK(kvp_pool_open(uri, &x->pool));
+    cons_opts_t o = {.pool = x->pool};
+    cons_start(&x->c, free_ports(1), 1, 0, 64 << 20, &o);
+    rc_open(&x->peer, x->c.addr);
+}
+
+static void xc_stop(xc_t *x)
+{
+    rc_close(&x->peer);
+    kvp_ec_worker_destroy(x->c.w);
+    kvp_pool_close(x->pool);
+    pool_server_stop(x->srv);
+}
+
 /* The pool server's membership filter answers a miss on this host: with
  * the pool server stopped (SIGSTOP), a reserve of an image the pool has
  * never held is answered write:true at once, a miss, not a pool error, and
@@ -1811,56 +1848,36 @@ static void pool_server_stop(pid_t pid)
  * for it: answered once it runs again, cached). */
 TEST(test_ec_cross_encoder_cache_miss_answered_by_the_filter)
 {
-    char uri[64];
-    pid_t srv = pool_server_start(uri, sizeof uri);
-    kvp_pool_t *pool;
-    ASSERT_OK(kvp_pool_open(uri, &pool));
-    cons_opts_t o = {.pool = pool};
-    cons_t c;
-    cons_start(&c, free_ports(1), 1, 0, 64 << 20, &o);
-    rc_t peer;
-    rc_open(&peer, c.addr);
+    xc_t x;
+    xc_start(&x, true);
     /* an image the pool holds (put there through a first reserve's miss
      * and the producer's put, as in a run: here straight into the pool) */
-    char key[KVP_KEY_MAX + 1];
-    size_t klen;
-    ASSERT_OK(kvp__ec_store_key("m", "HF1", key, sizeof key, &klen));
-    size_t nb = 64; /* RESERVE_FMT's tensor: [4, 8] bf16 */
-    uint8_t *val = calloc(1, nb);
-    kvp_key_t k = {key, (uint32_t)klen};
-    kvp_iov_t iov = {val, nb};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t kr;
-    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &kr));
-    ASSERT_OK(kr.status);
-    ASSERT_EQ(kill(srv, SIGSTOP), 0);
+    uint8_t val[64] = {0}; /* RESERVE_FMT's tensor: [4, 8] bf16 */
+    pool_put_image(x.pool, "HF1", val, sizeof val);
+    ASSERT_EQ(kill(x.srv, SIGSTOP), 0);
     uint64_t t0 = kvp__now_ns();
-    ASSERT(strstr(reserve(&peer, "TF0", "HF0"), "\"write\":true"));
+    ASSERT(strstr(reserve(&x.peer, "TF0", "HF0"), "\"write\":true"));
     ASSERT_LT((kvp__now_ns() - t0) / 1000000u, 200); /* no lookup deadline waited */
     kvp_ec_worker_stats_t st;
-    stats(c.w, &st);
+    stats(x.c.w, &st);
     ASSERT_EQ(st.cross_cache_misses, 1);
     ASSERT_EQ(st.cross_cache_errors, 0);
     ASSERT_EQ(st.cross_cache_parked, 0);
     /* the held image: its lookup goes to the stopped server and parks */
     char buf[256];
     snprintf(buf, sizeof buf, RESERVE_FMT, "TF1", "HF1");
-    ASSERT_EQ(zmq_send(peer.sock, buf, strlen(buf), 0), (int)strlen(buf));
+    ASSERT_EQ(zmq_send(x.peer.sock, buf, strlen(buf), 0), (int)strlen(buf));
     usleep(100000);
-    stats(c.w, &st);
+    stats(x.c.w, &st);
     ASSERT_EQ(st.cross_cache_parked, 1);
-    ASSERT_EQ(kill(srv, SIGCONT), 0);
-    int n = zmq_recv(peer.sock, peer.reply, sizeof peer.reply - 1, 0);
+    ASSERT_EQ(kill(x.srv, SIGCONT), 0);
+    int n = zmq_recv(x.peer.sock, x.peer.reply, sizeof x.peer.reply - 1, 0);
     ASSERT_GE(n, 0);
-    peer.reply[n] = 0;
-    ASSERT_MSG(strstr(peer.reply, "\"cached\":true"), "reply %s", peer.reply);
-    stats(c.w, &st);
+    x.peer.reply[n] = 0;
+    ASSERT_MSG(strstr(x.peer.reply, "\"cached\":true"), "reply %s", x.peer.reply);
+    stats(x.c.w, &st);
     ASSERT_EQ(st.cross_cache_hits, 1);
-    free(val);
-    rc_close(&peer);
-    kvp_ec_worker_destroy(c.w);
-    kvp_pool_close(pool);
-    pool_server_stop(srv);
+    xc_stop(&x);
 }
 
 /* The probe the cross-encoder cache asks on the control thread
@@ -1918,44 +1935,28 @@ TEST(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only)
  * that get's hit (answered cached, with the pool's bytes). */
 TEST(test_ec_cross_encoder_cache_lookup_asks_for_the_value_at_once)
 {
-    char uri[64];
-    pid_t srv = pool_server_start_with(0, false, uri, sizeof uri);
-    kvp_pool_t *pool;
-    ASSERT_OK(kvp_pool_open(uri, &pool));
-    cons_opts_t o = {.pool = pool};
-    cons_t c;
-    cons_start(&c, free_ports(1), 1, 0, 64 << 20, &o);
-    rc_t peer;
-    rc_open(&peer, c.addr);
-    char key[KVP_KEY_MAX + 1];
-    size_t klen;
-    ASSERT_OK(kvp__ec_store_key("m", "HG1", key, sizeof key, &klen));
-    size_t nb = 64; /* RESERVE_FMT's tensor: [4, 8] bf16 */
-    uint8_t *val = malloc(nb);
-    for (size_t i = 0; i < nb; i++)
+    xc_t x;
+    xc_start(&x, false);
+    uint8_t val[64]; /* RESERVE_FMT's tensor: [4, 8] bf16 */
+    for (size_t i = 0; i < sizeof val; i++)
         val[i] = (uint8_t)(0xA0 + i);
-    kvp_key_t k = {key, (uint32_t)klen};
-    kvp_iov_t iov = {val, nb};
-    kvp_sgl_t sgl = {&iov, 1};
-    kvp_key_result_t kr;
-    ASSERT_OK(kvp_pool_put(pool, &k, &sgl, 1, &kr));
-    ASSERT_OK(kr.status);
+    pool_put_image(x.pool, "HG1", val, sizeof val);
     kvp_pool_stats_t p0, p1, p2;
-    ASSERT_OK(kvp_pool_stats(pool, &p0));
-    ASSERT(strstr(reserve(&peer, "TG0", "HG0"), "\"write\":true"));
-    ASSERT_OK(kvp_pool_stats(pool, &p1));
+    ASSERT_OK(kvp_pool_stats(x.pool, &p0));
+    ASSERT(strstr(reserve(&x.peer, "TG0", "HG0"), "\"write\":true"));
+    ASSERT_OK(kvp_pool_stats(x.pool, &p1));
     ASSERT_EQ(p1.get_misses, p0.get_misses + 1); /* the lookup was a get */
     ASSERT_EQ(p1.get_hits, p0.get_hits);
     kvp_ec_worker_stats_t st;
-    stats(c.w, &st);
+    stats(x.c.w, &st);
     ASSERT_EQ(st.cross_cache_misses, 1);
     ASSERT_EQ(st.cross_cache_errors, 0);
-    const char *rep = reserve(&peer, "TG1", "HG1");
+    const char *rep = reserve(&x.peer, "TG1", "HG1");
     ASSERT_MSG(strstr(rep, "\"cached\":true") && strstr(rep, "\"write\":false"), "reply %s", rep);
-    ASSERT_OK(kvp_pool_stats(pool, &p2));
+    ASSERT_OK(kvp_pool_stats(x.pool, &p2));
     ASSERT_EQ(p2.get_hits, p1.get_hits + 1);
     ASSERT_EQ(p2.get_misses, p1.get_misses);
-    stats(c.w, &st);
+    stats(x.c.w, &st);
     ASSERT_EQ(st.cross_cache_hits, 1);
     ASSERT_EQ(st.cross_cache_misses, 1);
     /* the slot holds the pool's bytes: the reply's dst_ptr is in this process */
@@ -1963,12 +1964,8 @@ TEST(test_ec_cross_encoder_cache_lookup_asks_for_the_value_at_once)
     ASSERT(pp);
     const uint8_t *slot = (const uint8_t *)(uintptr_t)strtoull(pp + 10, NULL, 10);
     ASSERT(slot != NULL);
-    ASSERT_MEM_EQ(slot, val, nb);
-    free(val);
-    rc_close(&peer);
-    kvp_ec_worker_destroy(c.w);
-    kvp_pool_close(pool);
-    pool_server_stop(srv);
+    ASSERT_MEM_EQ(slot, val, sizeof val);
+    xc_stop(&x);
 }
 
 /* A peer that can hold parked reserves against a stopped pool: 40 reserves
