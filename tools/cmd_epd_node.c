@@ -26,7 +26,7 @@
  *   {"op":"quit"} (finish what is queued, report, exit).
  * Out (node -> replay): {"ev":"ready",...}, {"ev":"end","id","outcome"},
  *   {"ev":"push",...} (encoder), {"ev":"event","tid","t_ns"} (prefill: a
- *   readiness event reached the scheduler's inbox), {"ev":"rtt","p50_ns"},
+ *   readiness event reached the scheduler's inbox), {"ev":"rtt","p50_ns","reply_bytes"},
  *   {"ev":"rtt_loaded","p50_ns","count","paired_p50_ns","paired_count",
  *   "reply_bytes"} (all the samples; those paired with the writing reserves;
  *   the reply size the echo was asked for: a reserve reply's, zmq_rtt.h),
@@ -737,12 +737,14 @@ static bool handle_line(node_t *n, kvp__json_parser_t *jp, const char *line, siz
             emit_error(n, "rtt: addr, bytes (1..60000), count (1..100000)");
             return true;
         }
-        uint64_t p50 = kvp_tool_ping_p50(addr, (size_t)bytes, kvp_tool_sampler_reply_bytes(&n->samp), (size_t)count);
+        size_t rb = kvp_tool_sampler_reply_bytes(&n->samp);
+        uint64_t p50 = kvp_tool_ping_p50(addr, (size_t)bytes, rb, (size_t)count);
         kvp__jw_t b;
         kvp__jw_init(&b);
         kvp__jw_puts(&b, "{");
         jstr(&b, "ev", "rtt");
         jint(&b, "p50_ns", (int64_t)p50);
+        jint(&b, "reply_bytes", (int64_t)(rb ? rb : (size_t)bytes));
         kvp__jw_puts(&b, "}\n");
         emit(n, &b);
         kvp__jw_cleanup(&b);

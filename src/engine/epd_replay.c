@@ -44,13 +44,14 @@
  *                 busiest, and a round trip is six thread wake-ups: each
  *                 side's caller and its ZeroMQ I/O thread, both ways);
  *                 zmq_rtt_loaded: over all the samples taken while the
- *                 workload ran; zmq_rtt_idle: before it.  Frames of a
+ *                 workload ran; zmq_rtt_idle: with the nodes idle after
+ *                 it (before it when the encoder died).  Frames of a
  *                 reserve's size both ways: the first image's reserve
  *                 request (zmq_rtt_request_bytes) and, once a reserve was
  *                 answered, the largest writing reserve's reply
- *                 (zmq_rtt_reply_bytes; reserve_reply_bytes: what the
- *                 reserves got); until then, and in zmq_rtt_idle, the
- *                 request's own size
+ *                 (zmq_rtt_reply_bytes, zmq_rtt_idle_reply_bytes;
+ *                 reserve_reply_bytes: what the reserves got); until then
+ *                 the request's own size
  *   reserve_service  the consumers' control servers' time per reserve
  *                 request, received -> replied (a parked one without its
  *                 wait for the cross-encoder cache), mean over all
@@ -251,7 +252,8 @@ typedef struct run {
     double rtt_p50_us;        /* the baseline: rtt_paired, else rtt_all, else rtt_idle */
     double rtt_all_p50_us;    /* sampled all through the workload */
     double rtt_paired_p50_us; /* the sample nearest each writing reserve in time */
-    double rtt_idle_p50_us;   /* before it */
+    double rtt_idle_p50_us;   /* the nodes idle: after it (before it, if the encoder died) */
+    int64_t rtt_idle_reply_bytes; /* the size of its replies */
     int64_t rtt_loaded_count, rtt_paired_count;
     int64_t rtt_reply_bytes;  /* the echo's replies: a reserve reply's size (0: the request's) */
     int64_t reserve_reply_bytes; /* the writing reserves' largest reply */
@@ -398,10 +400,11 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
         if (x && (uint64_t)t > x->event_ns)
             x->event_ns = (uint64_t)t; /* the last shard's event is the one that counts */
     } else if (!strcmp(ev, "rtt") && !prefill) {
-        int64_t ns;
-        if (!kvp__epd_json_int(o, "p50_ns", &ns))
-            return bad_line(r, c, "rtt without p50_ns", line, len);
+        int64_t ns, rb;
+        if (!kvp__epd_json_int(o, "p50_ns", &ns) || !kvp__epd_json_int(o, "reply_bytes", &rb) || ns < 0 || rb < 0)
+            return bad_line(r, c, "rtt without p50_ns and reply_bytes >= 0", line, len);
         r->rtt_idle_p50_us = (double)ns / 1e3;
+        r->rtt_idle_reply_bytes = rb;
         r->rtt_done = true;
     } else if (!strcmp(ev, "rtt_loaded") && !prefill) {
         int64_t ns, cnt, bns, bcnt, rb;
@@ -625,6 +628,20 @@ static size_t reserve_frame_bytes(const run_t *r)
     return n > 0 ? (size_t)n : 128;
 }
 
+/* The bare round trip with the nodes idle: 2,000 of them, frames of a
+ * reserve request's size, replies of what the encoder node's sampler saw
+ * a writing reserve get (the request's size before any). */
+static void idle_rtt(run_t *r, uint64_t deadline)
+{
+    char line[256];
+    int n = snprintf(line, sizeof line, "{\"op\":\"rtt\",\"addr\":\"%s\",\"bytes\":%zu,\"count\":2000}\n", r->echo,
+                     reserve_frame_bytes(r));
+    r->rtt_done = false;
+    child_send(&r->encoder, line, (size_t)n);
+    while (!r->rtt_done && !r->encoder.eof && kvp__now_ns() < deadline)
+        pump(r, 20);
+}
+
 static int report(run_t *r, double mc, double wall_s)
 {
     size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0;
@@ -690,10 +707,10 @@ static int report(run_t *r, double mc, double wall_s)
            no_event ? " (some pushes had no event)" : "");
     printf("  reserve round trip p50 %.0f us (writing), %.0f us (cached); bare ZeroMQ REQ/REP %.0f us paired "
            "with them (%" PRId64 " writing reserves, each with the sample that started nearest it; %.2fx), %.0f us all through the workload (%" PRId64
-           " samples; %.2fx), %.0f us before it (%.2fx); frames of %zu bytes, answered with %" PRId64 "\n",
+           " samples; %.2fx), %.0f us idle (%.2fx; answered with %" PRId64 "); frames of %zu bytes, answered with %" PRId64 "\n",
            r50, cr50, r->rtt_paired_p50_us, r->rtt_paired_count, ratio(r50, r->rtt_paired_p50_us), r->rtt_all_p50_us,
            r->rtt_loaded_count, ratio(r50, r->rtt_all_p50_us), r->rtt_idle_p50_us, ratio(r50, r->rtt_idle_p50_us),
-           reserve_frame_bytes(r), r->rtt_reply_bytes);
+           r->rtt_idle_reply_bytes, reserve_frame_bytes(r), r->rtt_reply_bytes);
     printf("  the control server served a reserve in %.1f us on average, %.1f us of them on its CPU (%" PRId64
            " reserves, received -> replied); the rest of a round trip is the client, ZeroMQ, TCP and thread "
            "wake-ups\n",
@@ -734,6 +751,7 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "zmq_rtt_idle_us", r->rtt_idle_p50_us, false);
         jnum(&b, "zmq_rtt_request_bytes", (double)reserve_frame_bytes(r), true);
         jnum(&b, "zmq_rtt_reply_bytes", (double)r->rtt_reply_bytes, true);
+        jnum(&b, "zmq_rtt_idle_reply_bytes", (double)r->rtt_idle_reply_bytes, true);
         jnum(&b, "reserve_reply_bytes", (double)r->reserve_reply_bytes, true);
         jnum(&b, "reserve_service_us", svc_us, false);
         jnum(&b, "reserve_service_cpu_us", svc_cpu_us, false);
@@ -881,18 +899,15 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         fprintf(stderr, "kvpool replay --epd: a node did not start: %s\n", kvp_status_str(st));
         goto out;
     }
-    /* the ZeroMQ baseline, between the same two processes, before the
-     * workload (so that a fault run has it too) */
+    /* the ZeroMQ baseline, between the same two processes, idle before the
+     * workload (so that a fault run has it too; replies of the request's
+     * size, as no reserve was answered yet) ... */
     {
-        char line[256];
-        int n = snprintf(line, sizeof line, "{\"op\":\"rtt\",\"addr\":\"%s\",\"bytes\":%zu,\"count\":2000}\n", r.echo,
-                         reserve_frame_bytes(&r));
-        child_send(&r.encoder, line, (size_t)n);
-        while (!r.rtt_done && !r.encoder.eof && kvp__now_ns() < deadline)
-            pump(&r, 20);
+        idle_rtt(&r, deadline);
         /* ... and sampled all through the workload, on the machine the
          * reserves see */
-        n = snprintf(line, sizeof line, "{\"op\":\"rtt_start\",\"addr\":\"%s\",\"bytes\":%zu,\"interval_us\":1000}\n",
+        char line[256];
+        int n = snprintf(line, sizeof line, "{\"op\":\"rtt_start\",\"addr\":\"%s\",\"bytes\":%zu,\"interval_us\":1000}\n",
                      r.echo, reserve_frame_bytes(&r));
         child_send(&r.encoder, line, (size_t)n);
     }
@@ -932,6 +947,9 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
         while (!r.rtt_loaded_done && !r.encoder.eof && kvp__now_ns() < deadline)
             pump(&r, 20);
+        /* ... and idle again, now with replies of a reserve reply's size */
+        if (r.rtt_loaded_done)
+            idle_rtt(&r, deadline);
     }
     if (!r.rtt_loaded_done) /* the encoder died (a fault run): only the idle figure */
         r.rtt_p50_us = r.rtt_idle_p50_us;

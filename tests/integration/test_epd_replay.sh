@@ -42,7 +42,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
-FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','workload_s']"
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','zmq_rtt_idle_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','workload_s']"
 # every clean run: exit 0, all done, every byte taken verified, every push taken
 CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
 
@@ -54,8 +54,9 @@ check replay_epd_figures_measured jcheck base "j['push_gbps'] > 0 and j['memcpy_
 # the baseline is the bare round trip paired with each writing reserve (the
 # sample that started nearest it), from the same samples as the loaded one
 check replay_epd_rtt_paired_with_reserves jcheck base "j['zmq_rtt_paired_samples'] >= 20 and j['zmq_rtt_us'] == j['zmq_rtt_paired_us'] > 0 and j['zmq_rtt_loaded_us'] > 0 and j['zmq_rtt_idle_us'] > 0"
-# the baseline's frames are a reserve's: the request's size, and the reply the reserves got
-check replay_epd_rtt_frames_of_a_reserve jcheck base "100 < j['zmq_rtt_request_bytes'] < j['zmq_rtt_reply_bytes'] == j['reserve_reply_bytes']"
+# the baseline's frames are a reserve's: the request's size, and the reply
+# the reserves got (the idle one too: measured again after the workload)
+check replay_epd_rtt_frames_of_a_reserve jcheck base "100 < j['zmq_rtt_request_bytes'] < j['zmq_rtt_reply_bytes'] == j['zmq_rtt_idle_reply_bytes'] == j['reserve_reply_bytes']"
 # the control server's own share of a reserve: measured, its CPU part inside its wall-clock time
 check replay_epd_reserve_service_measured jcheck base "0 < j['reserve_service_cpu_us'] <= j['reserve_service_us'] + 1"
 # each node's CPU during the workload, from /proc (the encoder encodes and
@@ -99,6 +100,9 @@ check replay_epd_pool_down_from_the_start_backs_off sh -c "grep -Eq 'lookups: [0
 epd kill --requests 60 --size 1MiB --faults kill-encoder@5 --push-wait-s 2 --lease-ms 2000
 check replay_epd_kill_encoder_retryable jcheck kill "j['failures'] == 0 and j['retryable_errors'] > 0 and j['bytes_verified'] == j['bytes_taken'] and j['requests'] < 60"
 check replay_epd_kill_encoder_said_so grep -q 'encoder killed' "$T/kill.out"
+# no idle baseline after the workload without the encoder: the one before
+# it, whose replies were the request's size (no reserve answered yet)
+check replay_epd_kill_encoder_idle_baseline_from_before jcheck kill "j['zmq_rtt_idle_us'] > 0 and j['zmq_rtt_idle_reply_bytes'] == j['zmq_rtt_request_bytes']"
 # nothing the dead producer reserved may stay reserved past its lease
 check replay_epd_kill_encoder_nothing_leaks sh -c "[ \$(cat '$T/kill.rc') = 0 ] && grep -q 'reservations left 0 ' '$T/kill.out'"
 
