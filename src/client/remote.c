@@ -39,7 +39,9 @@
  * KVP_ERR_CONN_LOST (KVP_ERR_TIMEOUT for those past their deadline).  The
  * next op reconnects, no sooner than an exponential backoff (100 ms .. 5 s)
  * after the last failed attempt; ops in the backoff window fail at once with
- * KVP_ERR_CONN_LOST.
+ * KVP_ERR_CONN_LOST.  An op's own timeout_ms (when shorter than the call
+ * timeout) bounds the connect it needs, its wait for another thread's
+ * connect included, and then, from its post, its request.
  *
  * A request's life and the connection's are state machines (remote_req.c,
  * remote_conn.c); remote_int.h lists the files and gives the lock order.
@@ -344,7 +346,7 @@ static int remote_probe(void *impl, kvp_op_t *op)
 static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
 {
     remote_t *r = impl;
-    kvp_status_t st = kvp__remote_ensure_connected(r);
+    kvp_status_t st = kvp__remote_ensure_connected(r, op->timeout_ms);
     if (st != KVP_OK)
         return st;
     uint32_t wop = wire_op(op->type);
@@ -401,7 +403,7 @@ static kvp_status_t remote_submit(void *impl, kvp_op_t *op, int will_drive)
 static kvp_status_t remote_stats(void *impl, kvp_pool_stats_t *stp)
 {
     remote_t *r = impl;
-    kvp_status_t st = kvp__remote_ensure_connected(r);
+    kvp_status_t st = kvp__remote_ensure_connected(r, 0);
     if (st != KVP_OK)
         return st;
     pending_t *p = kvp__remote_pending_new(KVP_WOP_STATS, NULL);
@@ -551,7 +553,7 @@ kvp_status_t kvp__remote_open(const char *host, uint16_t port, const kvp__remote
     }
     /* Connect now so a bad address or token fails open, not the first op
      * (with lazy_connect: unless the server is just not there yet). */
-    st = kvp__remote_ensure_connected(r);
+    st = kvp__remote_ensure_connected(r, 0);
     if (st != KVP_OK && o->lazy_connect && unreachable(st)) {
         kvp_warn("remote: %s:%u cannot be reached (%s); connect=lazy: its ops fail until it can, retried with "
                  "backoff",

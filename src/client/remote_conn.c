@@ -258,7 +258,7 @@ static kvp_status_t ucx_endpoint(remote_t *r, const kvp__hs_result_t *hs, int qu
     return KVP_OK;
 }
 
-static kvp_status_t connect_locked(remote_t *r)
+static kvp_status_t connect_locked(remote_t *r, uint32_t timeout_ms)
 {
     /* The worker may not be replaced while this connects on it. */
     int wl = kvp__remote_wlock_rd(&r->wlock);
@@ -273,7 +273,7 @@ static kvp_status_t connect_locked(remote_t *r)
                           : r->transport == KVP_REMOTE_UCX ? KVP_HS_WANT_UCX_ONLY
                                                           : KVP_HS_WANT_UCX;
     kvp__hs_result_t hs;
-    kvp_status_t st = kvp__hs_client(r->host, r->port, r->token, want, r->timeout_ms, &hs);
+    kvp_status_t st = kvp__hs_client(r->host, r->port, r->token, want, timeout_ms, &hs);
     ucp_ep_h h = NULL;
     if (st == KVP_OK && hs.transport == KVP_HS_UCX) {
         st = ucx_endpoint(r, &hs, want == KVP_HS_WANT_UCX, &h);
@@ -282,7 +282,7 @@ static kvp_status_t connect_locked(remote_t *r)
             close(hs.fd);
             /* transport=auto: the server is still there, over TCP */
             if (want == KVP_HS_WANT_UCX)
-                st = kvp__hs_client(r->host, r->port, r->token, KVP_HS_WANT_TCP, r->timeout_ms, &hs);
+                st = kvp__hs_client(r->host, r->port, r->token, KVP_HS_WANT_TCP, timeout_ms, &hs);
         }
     }
     if (st != KVP_OK) {
@@ -342,19 +342,25 @@ static kvp_status_t connect_locked(remote_t *r)
     return KVP_OK;
 }
 
-/* Makes sure a connection is up: reconnects after the backoff. */
-kvp_status_t kvp__remote_ensure_connected(remote_t *r)
+/* See remote_int.h. */
+kvp_status_t kvp__remote_ensure_connected(remote_t *r, uint32_t timeout_ms)
 {
     pthread_mutex_lock(&r->mu);
     int ok = kvp__remote_do_ready(r);
     pthread_mutex_unlock(&r->mu);
     if (ok)
         return KVP_OK;
-    pthread_mutex_lock(&r->conn_mu);
+    if (!timeout_ms || timeout_ms > r->timeout_ms)
+        timeout_ms = r->timeout_ms;
+    uint64_t until = kvp__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    /* Another thread's connect holds conn_mu for as long as its handshake
+     * takes: wait for it no longer than this op may. */
+    struct timespec abs = {.tv_sec = (time_t)(until / 1000000000ull), .tv_nsec = (long)(until % 1000000000ull)};
+    if (pthread_mutex_clocklock(&r->conn_mu, CLOCK_MONOTONIC, &abs) != 0)
+        return KVP_ERR_TIMEOUT;
     pthread_mutex_lock(&r->mu);
     /* A worker being replaced is back within a few seconds: wait for it
-     * (within the call timeout) rather than fail. */
-    uint64_t until = kvp__now_ns() + (uint64_t)r->timeout_ms * 1000000ull;
+     * (within the op's time) rather than fail. */
     /* (not from inside the worker's progress: the replacement waits for that) */
     while (r->replacing && !r->stop && kvp__remote_t_wlock_held != &r->wlock && kvp__now_ns() < until) {
         struct timespec ts;
@@ -372,10 +378,13 @@ kvp_status_t kvp__remote_ensure_connected(remote_t *r)
     pthread_mutex_unlock(&r->mu);
     kvp_status_t st = KVP_OK;
     if (!ok) {
-        if (kvp__now_ns() < retry || replacing) {
+        uint64_t now = kvp__now_ns();
+        if (now < retry || replacing) {
             st = KVP_ERR_CONN_LOST;
+        } else if (now >= until) {
+            st = KVP_ERR_TIMEOUT;
         } else {
-            st = connect_locked(r);
+            st = connect_locked(r, (uint32_t)((until - now + 999999u) / 1000000u));
             pthread_mutex_lock(&r->mu);
             if (st == KVP_OK) {
                 r->backoff_ms = 0;

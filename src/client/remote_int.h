@@ -327,7 +327,13 @@ void kvp__remote_do_sent(remote_t *r, int gen);
 void kvp__remote_fail_requests(remote_t *r, int gen, int stranded);
 void kvp__remote_check_deadlines(remote_t *r);
 int kvp__remote_reap_dead(remote_t *r);
-kvp_status_t kvp__remote_ensure_connected(remote_t *r);
+/* Makes sure a connection is up (reconnects after the backoff), within
+ * timeout_ms (0 or more than the handle's: the handle's call timeout), so
+ * that an op's own timeout bounds the connect it needs: waiting for
+ * another thread's connect or a worker replacement, and the handshake.
+ * KVP_OK, KVP_ERR_CONN_LOST (in the backoff, or a replacement), or the
+ * connect's failure (KVP_ERR_TIMEOUT when the time ran out). */
+kvp_status_t kvp__remote_ensure_connected(remote_t *r, uint32_t timeout_ms);
 
 /* ---- UCX (remote_ucx.c) ---- */
 cbarg_t *kvp__remote_cb_arg(remote_t *r, uint64_t id);

@@ -307,6 +307,75 @@ static void frozen_server_times_out(int lane)
 TEST(test_server_frozen_server_times_out) { frozen_server_times_out(0); }
 TEST(test_server_lane_frozen_server_times_out) { frozen_server_times_out(1); }
 
+/* An op's own timeout bounds the connect it needs: the connection to a
+ * frozen server (SIGSTOP) is retired when a get with a 300 ms timeout
+ * passes its deadline; once the backoff allows, the next such get
+ * reconnects, and the kernel accepts the TCP connection but nobody answers
+ * the handshake: it ends near its 300 ms (the handle's call timeout is
+ * 5 s), and so does a get from another thread that waits for that
+ * connect. */
+typedef struct {
+    kvp_pool_t *p;
+    kvp_status_t st;
+    uint64_t ns;
+} timed_get_t;
+
+static void *timed_get(void *arg)
+{
+    timed_get_t *g = arg;
+    char buf[4096];
+    kvp_key_t k = kvp_key_str("warm");
+    kvp_iov_t iov = {buf, sizeof buf};
+    kvp_sgl_t sgl = {&iov, 1};
+    kvp_key_result_t r;
+    kvp_op_t op = {.type = KVP_OP_GET, .keys = &k, .n = 1, .values = &sgl, .results = &r, .timeout_ms = 300};
+    uint64_t t0 = kvp__now_ns();
+    g->st = kvp_pool_run(g->p, &op);
+    g->ns = kvp__now_ns() - t0;
+    return NULL;
+}
+
+TEST(test_server_frozen_reconnect_within_the_op_timeout)
+{
+    server_t s = {0};
+    server_start(&s, "64MiB", 0, NULL);
+    char uri[sizeof s.uri + 64];
+    snprintf(uri, sizeof uri, "kvpool://127.0.0.1:%u?timeout=5s", s.port);
+    kvp_pool_t *p = open_ok(uri);
+    kvp_status_t st;
+    put_pattern(p, "warm", 4096, 1, &st);
+    ASSERT_OK(st);
+    kill(s.pid, SIGSTOP);
+    timed_get_t g = {p, KVP_OK, 0};
+    timed_get(&g); /* its deadline retires the connection */
+    ASSERT_MSG(g.st == KVP_ERR_TIMEOUT || g.st == KVP_ERR_CONN_LOST, "get from a frozen server: %s",
+               kvp_status_name(g.st));
+    sleep_ms(300); /* past the first backoff (100 ms) */
+    timed_get_t a = {p, KVP_OK, 0}, b = {p, KVP_OK, 0};
+    pthread_t ta, tb;
+    ASSERT_EQ(pthread_create(&ta, NULL, timed_get, &a), 0);
+    ASSERT_EQ(pthread_create(&tb, NULL, timed_get, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    for (int i = 0; i < 2; i++) {
+        timed_get_t *x = i ? &b : &a;
+        ASSERT_MSG(x->st == KVP_ERR_TIMEOUT || x->st == KVP_ERR_CONN_LOST, "get while reconnecting: %s",
+                   kvp_status_name(x->st));
+        ASSERT_LT(x->ns, 2000000000ull); /* not the handle's 5 s */
+    }
+    kill(s.pid, SIGCONT);
+    int ok = 0; /* and it reconnects once the server runs again */
+    for (int i = 0; i < 100 && !ok; i++) {
+        timed_get(&g);
+        ok = g.st == KVP_OK;
+        if (!ok)
+            sleep_ms(100);
+    }
+    ASSERT_MSG(ok, "no recovery after SIGCONT");
+    kvp_pool_close(p);
+    ASSERT_EQ(server_stop(&s, SIGTERM), 0);
+}
+
 /* Threads sharing one connection while the server is killed and restarted
  * under them, twice: every call returns (OK, or CONN_LOST/TIMEOUT/
  * CONN_REFUSED while the server is away), nothing read is ever wrong, and
@@ -1175,6 +1244,7 @@ TEST_LIST(KVP_CONTRACT_LIST(T_CONTRACT) KVP_CONTRACT_LIST(T_LANE_CONTRACT)
           T(test_server_lane_killed_then_restarted_conn_lost_then_reconnect),
           T(test_server_lane_sigterm_finishes_in_flight_then_exits_zero),
           T(test_server_frozen_server_times_out), T(test_server_lane_frozen_server_times_out),
+          T(test_server_frozen_reconnect_within_the_op_timeout),
           T(test_server_metrics_prometheus_text), T(test_server_lane_unread_replies_backpressure),
           T(test_server_shared_connection_server_churn), T(test_server_lane_shared_connection_server_churn),
           T(test_server_clients_killed_at_random_under_load), T(test_server_worker_replaced_clients_reconnect),
