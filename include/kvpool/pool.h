@@ -148,7 +148,8 @@ typedef struct kvp_op {
     uint8_t *present;           /* [out] EXISTS: n flags */
     size_t *prefix_len;         /* [out] PREFIX */
     uint64_t *removed;          /* [out] REMOVE_ALL, may be NULL */
-    uint32_t timeout_ms;        /* 0 = the backend's default */
+    uint32_t timeout_ms;        /* 0 = the backend's default; kvpool://: also bounds a
+                                 * reconnect the op needs (then, from its post, the request) */
     kvp_op_cb cb;               /* completion for KVP_INPROGRESS; may be NULL for sync use */
     void *cb_arg;
 } kvp_op_t;
