@@ -75,7 +75,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,6 +85,7 @@
 #include "common/log.h"
 #include "common/strmap.h"
 #include "engine/epd.h"
+#include "engine/memcpy_baseline.h"
 #include "engine/proc_usage.h"
 
 /* Round trips paired with writing reserves needed for them to be the
@@ -524,39 +524,6 @@ static void send_req(run_t *r)
 
 /* ---------------------------------------------------------------- baselines */
 
-static char *map_buf(size_t n)
-{
-    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    (void)madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
-
-/* `kvpool bench`'s memcpy baseline: one thread copying `count` distinct
- * sources of `size` into distinct pre-faulted destinations; GB/s. */
-static double memcpy_gbps(int64_t size)
-{
-    size_t count = (size_t)((256ll << 20) / size);
-    count = count < 8 ? 8 : count > 64 ? 64 : count;
-    size_t total = count * (size_t)size;
-    char *src = map_buf(total), *dst = map_buf(total);
-    double g = 0;
-    if (src && dst) {
-        memset(src, 0x5a, total);
-        memset(dst, 0, total);
-        uint64_t t0 = kvp__now_ns();
-        for (size_t i = 0; i < count; i++)
-            memcpy(dst + i * (size_t)size, src + ((i * 7) % count) * (size_t)size, (size_t)size);
-        g = (double)total / ((double)(kvp__now_ns() - t0) / 1e9) / 1e9;
-    }
-    if (src)
-        munmap(src, total);
-    if (dst)
-        munmap(dst, total);
-    return g;
-}
-
 /* ---------------------------------------------------------------- report */
 
 static int cmp_u64(const void *a, const void *b)
@@ -877,7 +844,7 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     kvp__strmap_init(&r.xfers);
     kvp__json_parser_init(&r.jp);
     uint64_t t0 = kvp__now_ns(), deadline = t0 + p->timeout_s * 1000000000ull;
-    double mc = memcpy_gbps(p->wl.size);
+    double mc = kvp__memcpy_baseline_gbps(p->wl.size);
     char dir[] = "/tmp/kvp-epd.XXXXXX";
     int rc = 1;
     if (!mkdtemp(dir)) {
