@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/token.h"
 #include "common/units.h"
 #include "server/server.h"
@@ -64,6 +65,7 @@ int kvp_cmd_server(int argc, char **argv)
     char host[256] = "127.0.0.1";
     char token_buf[KVP__TOKEN_MAX + 1];
     const char *token = NULL;
+    kvp__thread_name("kvp-server");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

@@ -11,6 +11,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/thread.h"
 
 /* ---- frames: the reply size a ping asks for ---- */
 
@@ -40,6 +41,7 @@ static void frame_ask(char *f, size_t len, size_t reply_bytes)
 static void *echo_main(void *arg)
 {
     kvp_tool_echo_t *e = arg;
+    kvp__thread_name("kvp-rtt-echo");
     /* zeroed: a reply longer than the frame it answers sends the buffer's
      * bytes past the frame, which must never be uninitialised memory */
     char *buf = kvp__calloc(1, KVP_TOOL_ECHO_MAX);
@@ -217,6 +219,7 @@ void kvp_tool_sampler_init(kvp_tool_sampler_t *s)
 static void *sampler_main(void *arg)
 {
     kvp_tool_sampler_t *s = arg;
+    kvp__thread_name("kvp-rtt-ping");
     kvp_tool_ping_t p;
     if (kvp_tool_ping_open(&p, s->addr, s->bytes, atomic_load(&s->reply_bytes), 2000) != 0)
         return NULL;

@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 /* ---- the worker lock ----
  * Readers use the worker (drive it, send on its endpoints, connect on it);
@@ -312,6 +313,7 @@ static void run_reposts(remote_t *r)
 void *kvp__remote_progress_main(void *arg)
 {
     remote_t *r = arg;
+    kvp__thread_name("kvp-client-prog");
     uint64_t last_check = 0, spin_until = 0;
     kvp__ucx_armer_t armer = {0};
     for (;;) {

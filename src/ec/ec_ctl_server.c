@@ -45,6 +45,7 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "common/strmap.h"
+#include "common/thread.h"
 #include "ec/ec_ctl_wire.h"
 
 #define POLL_MS 100
@@ -694,6 +695,7 @@ static kvp_status_t bind_sockets(kvp__ec_ctl_server_t *s)
 static void *server_main(void *arg)
 {
     kvp__ec_ctl_server_t *s = arg;
+    kvp__thread_name("kvp-ec-control");
     kvp_status_t st = bind_sockets(s);
     report_start(s, st);
     if (st != KVP_OK)

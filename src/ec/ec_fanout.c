@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/list.h"
+#include "common/thread.h"
 
 typedef struct batch {
     kvp__list_t link; /* on f->queue while it has tasks not taken */
@@ -48,6 +49,7 @@ static void finish(batch_t *b)
 static void *thread_main(void *arg)
 {
     kvp__ec_fanout_t *f = arg;
+    kvp__thread_name("kvp-ec-fanout");
     pthread_mutex_lock(&f->mu);
     for (;;) {
         size_t i;

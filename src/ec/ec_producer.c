@@ -44,6 +44,7 @@
 #include "common/clock.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "ec/ec_fanout.h"
 #include "ec/ec_stage.h"
 #include "ec/ec_worker_int.h"
@@ -610,6 +611,7 @@ static void *worker_main(void *arg)
 {
     lane_t *l = arg;
     kvp__ec_producer_t *pr = l->pr;
+    kvp__thread_name(l == &pr->lanes[Q_CONTROL] ? "kvp-ec-prod-ctl" : "kvp-ec-prod-dat");
     pthread_mutex_lock(&pr->mu);
     for (;;) {
         while (kvp__list_empty(&l->jobs) && !pr->stopping)

@@ -55,6 +55,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "ec/ec_push.h"
 #include "ec/ec_push_ucx.h"
 #include "ec/ec_push_wire.h"
@@ -341,6 +342,7 @@ static int ucx_progress(kvp__ec_push_rx_t *rx)
 static void *rx_thread(void *arg)
 {
     kvp__ec_push_rx_t *rx = arg;
+    kvp__thread_name("kvp-ec-push-rx");
     int ucx_busy = rx->ucx_offered ? ucx_progress(rx) : 0;
     uint64_t next_reap = kvp__now_ns();
     int tick = rx->p.idle_ms < 400 ? (int)(rx->p.idle_ms / 4 + 1) : 100;

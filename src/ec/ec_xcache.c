@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "ec/ec_worker_int.h"
 #include "kvpool/pool.h"
 
@@ -219,6 +220,7 @@ static void run_get(job_t *j)
 static void *get_main(void *arg)
 {
     kvp__ec_xcache_t *x = arg;
+    kvp__thread_name("kvp-ec-xcache");
     pthread_mutex_lock(&x->mu);
     for (;;) {
         while ((kvp__list_empty(&x->queue) || x->gets >= MAX_GETS) && !(x->closing && x->st.inflight == 0))

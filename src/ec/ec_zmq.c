@@ -49,6 +49,7 @@
 #include "common/assert.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "ec/ec_client.h"
 #include "kvpool/ec_connector.h"
 
@@ -210,6 +211,7 @@ static void run_job(kvp_ec_zmq_t *z, job_t *j)
 static void *worker_main(void *arg)
 {
     kvp_ec_zmq_t *z = arg;
+    kvp__thread_name("kvp-ec-exec");
     pthread_mutex_lock(&z->mu);
     for (;;) {
         while (kvp__list_empty(&z->queue) && !z->shut_down)

@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "engine/content.h"
 #include "engine/engine_int.h"
 
@@ -139,6 +140,7 @@ static void rank_phase(rank_t *rk)
 static void *rank_main(void *arg)
 {
     rank_t *rk = arg;
+    kvp__thread_name("kvp-rank");
     struct kvp__eng *e = rk->eng;
     uint64_t seen = 0;
     pthread_mutex_lock(&e->mu);

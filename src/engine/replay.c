@@ -37,6 +37,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/units.h"
 #include "engine/content.h"
 #include "engine/engine.h"
@@ -90,6 +91,7 @@ typedef struct run {
 static void *inst_main(void *arg)
 {
     inst_t *in = arg;
+    kvp__thread_name("kvp-instance");
     run_t *r = in->run;
     uint64_t seen = 0;
     pthread_mutex_lock(&r->mu);

@@ -47,6 +47,7 @@
 #include "common/log.h"
 #include "common/prom.h"
 #include "common/sized.h"
+#include "common/thread.h"
 #include "kv/kv_lookup_wire.h"
 #include "kvpool/kv_connector.h"
 
@@ -347,6 +348,7 @@ static int recv_message(void *sock, zmq_msg_t *parts, size_t *nkept, size_t *nfr
 static void *serve(void *arg)
 {
     kvp_kv_lookup_server_t *s = arg;
+    kvp__thread_name("kvp-kv-lookup");
     zmq_msg_t parts[KVP__LW_MAX_FRAMES];
     for (;;) {
         size_t nkept, nframes;

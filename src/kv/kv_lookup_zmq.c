@@ -48,6 +48,7 @@
 #include "common/log.h"
 #include "common/sized.h"
 #include "common/strmap.h"
+#include "common/thread.h"
 #include "kv/kv_lookup_wire.h"
 #include "kvpool/kv_connector.h"
 
@@ -326,6 +327,7 @@ static void submit(kvp_kv_lookup_zmq_t *c, job_t *j, bool may_inline)
 static void *io_main(void *arg)
 {
     kvp_kv_lookup_zmq_t *c = arg;
+    kvp__thread_name("kvp-kv-lkp-io");
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while ((!c->head || c->busy) && !c->stopping)

@@ -36,6 +36,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "kv/kv_worker_int.h"
 
 /* A staged load's bounce buffer holds one batch: at most this much (or one
@@ -238,6 +239,7 @@ static void handle(kvp_kv_worker_t *w, load_cx_t *cx, const kvp__kvw_job_t *j)
 void *kvp__kvw_load_main(void *arg)
 {
     kvp_kv_worker_t *w = arg;
+    kvp__thread_name("kvp-kv-load");
     load_cx_t cx;
     memset(&cx, 0, sizeof cx);
     pthread_mutex_lock(&w->mu);

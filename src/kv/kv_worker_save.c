@@ -38,6 +38,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "kv/kv_worker_int.h"
 
 /* The save thread's scratch, reused across jobs. */
@@ -337,6 +338,7 @@ static void handle(kvp_kv_worker_t *w, save_cx_t *cx, const kvp__kvw_job_t *j)
 void *kvp__kvw_save_main(void *arg)
 {
     kvp_kv_worker_t *w = arg;
+    kvp__thread_name("kvp-kv-save");
     save_cx_t cx;
     memset(&cx, 0, sizeof cx);
     pthread_mutex_lock(&w->mu);

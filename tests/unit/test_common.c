@@ -1,7 +1,9 @@
 /* Unit tests of src/common: status names, sizes and durations, the allocation shim. */
+#include <pthread.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "common/units.h"
 #include "kvpool/status.h"
 #include "test.h"
@@ -128,6 +130,26 @@ TEST(test_alloc_grow_doubles_zeroes_and_keeps_on_failure)
     ASSERT_EQ(kvp__alloc_bytes_in_use(), base);
 }
 
-TEST_LIST(T(test_status_every_code_has_name_and_message), T(test_parse_size_units),
+static void *named_main(void *arg)
+{
+    char *got = arg;
+    kvp__thread_name("kvp-a-name-longer-than-15");
+    pthread_getname_np(pthread_self(), got, 16);
+    return NULL;
+}
+
+TEST(test_thread_name_is_cut_to_15_bytes)
+{
+    char got[16] = {0}, main_before[16] = {0}, main_after[16] = {0};
+    pthread_getname_np(pthread_self(), main_before, sizeof main_before);
+    pthread_t t;
+    ASSERT_EQ(pthread_create(&t, NULL, named_main, got), 0);
+    pthread_join(t, NULL);
+    ASSERT_STR_EQ(got, "kvp-a-name-long");
+    pthread_getname_np(pthread_self(), main_after, sizeof main_after);
+    ASSERT_STR_EQ(main_after, main_before); /* the caller's own thread only */
+}
+
+TEST_LIST(T(test_status_every_code_has_name_and_message), T(test_thread_name_is_cut_to_15_bytes), T(test_parse_size_units),
           T(test_parse_duration), T(test_alloc_shim_counts_and_injects),
           T(test_alloc_grow_doubles_zeroes_and_keeps_on_failure))

@@ -8,6 +8,7 @@
  * one slow (a shard in a process of its own, stopped with SIGSTOP).
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -244,6 +245,31 @@ TEST(test_ec_s37_cancel_unknown_leaves_tombstone_reserve_cancelled)
     kvp_ec_worker_destroy(c.w);
 }
 
+/* Threads of this process named name (/proc/self/task/<tid>/comm). */
+static int threads_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    ASSERT(d != NULL);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], comm[32] = {0};
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread ended meanwhile */
+        if (fgets(comm, sizeof comm, f)) {
+            comm[strcspn(comm, "\n")] = 0;
+            n += strcmp(comm, name) == 0;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
 TEST(test_ec_control_ops_peers_event_port_status)
 {
     uint16_t base = free_ports(2);
@@ -267,7 +293,10 @@ TEST(test_ec_control_ops_peers_event_port_status)
     ASSERT(strstr(s, "\"ready\":false"));
     ASSERT(strstr(s, rid));
     rc_close(&r);
+    /* its threads carry names (top -H, perf sched): the control server's */
+    ASSERT_EQ(threads_named("kvp-ec-control"), 1);
     kvp_ec_worker_destroy(c.w);
+    ASSERT_EQ(threads_named("kvp-ec-control"), 0);
 }
 
 /* What peers hold in a worker is in its metrics page: a reservation and
