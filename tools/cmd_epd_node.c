@@ -57,7 +57,9 @@
 #include "common/log.h"
 #include "common/mix.h"
 #include "common/strmap.h"
+#include "common/thread.h"
 #include "common/units.h"
+#include "engine/device.h"
 #include "engine/epd.h"
 #include "engine/mm.h"
 #include "kvpool/ec_connector.h"
@@ -98,6 +100,7 @@ struct node {
     uint64_t drop_rng, events, events_dropped;
     kvp_ec_sched_t *sched;
     kvp__mm_t *mm;
+    kvp__device_t *dev; /* the stand-in for the GPU: encodes, checks (device.h) */
     uint64_t taken, verified, puts;
     pthread_mutex_t out_mu;
     /* the ZeroMQ echo (prefill) */
@@ -195,18 +198,41 @@ static void on_end(void *ctx, const char *id, kvp__mm_outcome_t o)
     kvp__jw_cleanup(&b);
 }
 
+/* What the GPU would compute, run on the device thread. */
+typedef struct {
+    const char *hash;
+    uint8_t *buf;
+    const void *data;
+    int64_t nbytes, good;
+} dev_job_t;
+
+static void dev_fill(void *arg)
+{
+    dev_job_t *j = arg;
+    kvp__epd_content_fill(j->hash, j->buf, j->nbytes);
+}
+
+static void dev_verify(void *arg)
+{
+    dev_job_t *j = arg;
+    j->good = kvp__epd_content_verify(j->hash, j->data, j->nbytes);
+}
+
 static void encode(void *ctx, const char *hash, uint8_t *buf, int64_t nbytes)
 {
-    (void)ctx;
-    kvp__epd_content_fill(hash, buf, nbytes);
+    node_t *n = ctx;
+    dev_job_t j = {.hash = hash, .buf = buf, .nbytes = nbytes};
+    kvp__device_run(n->dev, dev_fill, &j);
 }
 
 /* Every output a rank takes is checked against what it should be. */
 static void count_put(node_t *n, const char *hash, const kvp_ec_tensor_t *t)
 {
+    dev_job_t j = {.hash = hash, .data = t->data, .nbytes = t->nbytes};
+    kvp__device_run(n->dev, dev_verify, &j);
     n->puts++;
     n->taken += (uint64_t)t->nbytes;
-    n->verified += (uint64_t)kvp__epd_content_verify(hash, t->data, t->nbytes);
+    n->verified += (uint64_t)j.good;
 }
 
 static void on_put(void *ctx, const char *hash, const kvp_ec_tensor_t *t) { count_put(ctx, hash, t); }
@@ -526,6 +552,8 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
         n->shadow[r].n = n;
         kvp__strmap_init(&n->shadow[r].map);
     }
+    if ((st = kvp__device_create(&n->dev)) != KVP_OK)
+        return st;
     /* A kvpool:// pool that is down (or not up yet) must not keep the node
      * from serving: the cross-encoder cache is an optimisation, so the
      * handle connects lazily (lookups back off while it is unreachable, and
@@ -596,6 +624,7 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
     jstr(&b, "ev", "ready");
     jstr(&b, "role", n->prefill ? "prefill" : "encoder");
     jint(&b, "pid", (int64_t)getpid());
+    jint(&b, "device_nice", kvp__device_nice(n->dev));
     if (n->prefill) {
         jstr(&b, "consumer_zmq", kvp_ec_worker_control_addr(n->w[0]));
         jstr(&b, "echo", n->echo.addr);
@@ -622,6 +651,8 @@ static void node_stop(node_t *n)
     if (n->sched)
         kvp_ec_sched_close(n->sched);
     kvp__mm_destroy(n->mm); /* the encoder cache points into the workers' pools: first */
+    kvp__device_destroy(n->dev);
+    n->dev = NULL;
     for (size_t r = 0; r < MAX_TP; r++)
         sh_cleanup(&n->shadow[r]);
     for (size_t r = 0; r < n->tp; r++)
@@ -932,6 +963,7 @@ int kvp_cmd_epd_node(int argc, char **argv)
     pthread_mutex_init(&n.out_mu, NULL);
     kvp_tool_sampler_init(&n.samp);
     n.prefill = !strcmp(o.role, "prefill");
+    kvp__thread_name(n.prefill ? "kvp-prefill" : "kvp-encoder");
     kvp_status_t st = node_start(&n, &o);
     int rc;
     if (st != KVP_OK) {
