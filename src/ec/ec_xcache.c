@@ -66,7 +66,10 @@ typedef struct job {
 struct kvp__ec_xcache {
     kvp__ec_xcache_params_t p;
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* queue grew, closing, or inflight dropped */
+    pthread_cond_t cv; /* the get thread's: a job queued, a get slot freed with jobs queued, or
+                        * closing with nothing in flight (wake it for nothing else: a lookup
+                        * the filter answers ends on the control thread, which must not
+                        * wake the idle get thread for it) */
     kvp__list_t queue; /* jobs for the get thread */
     size_t gets;       /* gets in flight */
     bool closing;
@@ -120,7 +123,8 @@ static void finish(job_t *j, kvp_status_t pool_st, bool hit)
      * next sees the backoff a failure started */
     if (j->holds_get) {
         x->gets--;
-        pthread_cond_broadcast(&x->cv);
+        if (!kvp__list_empty(&x->queue) || x->closing)
+            pthread_cond_signal(&x->cv);
     }
     if (hit) {
         x->st.hits++;
@@ -134,7 +138,8 @@ static void finish(job_t *j, kvp_status_t pool_st, bool hit)
         done(token);
     pthread_mutex_lock(&x->mu);
     x->st.inflight--;
-    pthread_cond_broadcast(&x->cv);
+    if (x->closing && x->st.inflight == 0)
+        pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);
 }
 
@@ -144,7 +149,7 @@ static void queue_get(job_t *j)
     kvp__ec_xcache_t *x = j->x;
     pthread_mutex_lock(&x->mu);
     kvp__list_add_tail(&x->queue, &j->link);
-    pthread_cond_broadcast(&x->cv);
+    pthread_cond_signal(&x->cv);
     pthread_mutex_unlock(&x->mu);
 }
 

@@ -245,9 +245,13 @@ TEST(test_ec_s37_cancel_unknown_leaves_tombstone_reserve_cancelled)
     kvp_ec_worker_destroy(c.w);
 }
 
-/* Threads of this process named name (/proc/self/task/<tid>/comm). */
-static int threads_named(const char *name)
+/* Threads of this process named name (/proc/self/task/<tid>/comm); into
+ * *sleeps (unless NULL) the sum of their voluntary context switches (the
+ * times one went to sleep, each of them ended by a wake-up). */
+static int threads_named(const char *name, long *sleeps)
 {
+    if (sleeps)
+        *sleeps = 0;
     DIR *d = opendir("/proc/self/task");
     ASSERT(d != NULL);
     int n = 0;
@@ -260,11 +264,21 @@ static int threads_named(const char *name)
         FILE *f = fopen(path, "r");
         if (!f)
             continue; /* the thread ended meanwhile */
+        bool match = false;
         if (fgets(comm, sizeof comm, f)) {
             comm[strcspn(comm, "\n")] = 0;
-            n += strcmp(comm, name) == 0;
+            match = strcmp(comm, name) == 0;
         }
         fclose(f);
+        n += match;
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        char line[128];
+        if (match && sleeps && (f = fopen(path, "r")) != NULL) {
+            while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "voluntary_ctxt_switches:", 24))
+                    *sleeps += strtol(line + 24, NULL, 10);
+            fclose(f);
+        }
     }
     closedir(d);
     return n;
@@ -294,9 +308,9 @@ TEST(test_ec_control_ops_peers_event_port_status)
     ASSERT(strstr(s, rid));
     rc_close(&r);
     /* its threads carry names (top -H, perf sched): the control server's */
-    ASSERT_EQ(threads_named("kvp-ec-control"), 1);
+    ASSERT_EQ(threads_named("kvp-ec-control", NULL), 1);
     kvp_ec_worker_destroy(c.w);
-    ASSERT_EQ(threads_named("kvp-ec-control"), 0);
+    ASSERT_EQ(threads_named("kvp-ec-control", NULL), 0);
 }
 
 /* What peers hold in a worker is in its metrics page: a reservation and
@@ -1909,6 +1923,32 @@ TEST(test_ec_cross_encoder_cache_miss_answered_by_the_filter)
     xc_stop(&x);
 }
 
+/* A reserve whose lookup the pool's membership filter answers ends on the
+ * control thread: the cross-encoder cache's get thread sleeps through it.
+ * (It used to be woken for every one -- a futex call, and a thread taking
+ * a core on a small host, in the middle of the reserve's service.) */
+TEST(test_ec_cross_encoder_cache_filter_miss_leaves_the_get_thread_asleep)
+{
+    xc_t x;
+    xc_start(&x, true);
+    ASSERT(strstr(reserve(&x.peer, "TW", "HW"), "\"write\":true"));
+    long before, after;
+    ASSERT_EQ(threads_named("kvp-ec-xcache", &before), 1);
+    for (int i = 0; i < 100; i++) {
+        char tid[16], hash[16];
+        snprintf(tid, sizeof tid, "TW%d", i);
+        snprintf(hash, sizeof hash, "HW%d", i);
+        ASSERT(strstr(reserve(&x.peer, tid, hash), "\"write\":true"));
+    }
+    ASSERT_EQ(threads_named("kvp-ec-xcache", &after), 1);
+    ASSERT_MSG(after - before <= 3, "the get thread woke %ld times for 100 misses", after - before);
+    kvp_ec_worker_stats_t st;
+    stats(x.c.w, &st);
+    ASSERT_EQ(st.cross_cache_misses, 101);
+    ASSERT_EQ(st.cross_cache_hits, 0);
+    xc_stop(&x);
+}
+
 /* The probe the cross-encoder cache asks on the control thread
  * (kvp__pool_probe): against a pool server on this host it answers an
  * EXISTS of a key the server never held from its membership filter, with
@@ -2273,6 +2313,7 @@ TEST_LIST(T(test_ec_s48_reserve_shape_dtype_mismatch_is_an_error),
           T(test_ec_cross_encoder_cache_reserve_hits_pool), T(test_ec_cross_encoder_cache_parked_reserves_share_one_lookup),
           T(test_ec_cross_encoder_cache_pool_stopped_reserves_not_held),
           T(test_ec_cross_encoder_cache_miss_answered_by_the_filter),
+          T(test_ec_cross_encoder_cache_filter_miss_leaves_the_get_thread_asleep),
           T(test_ec_cross_encoder_cache_probe_answers_from_the_filter_only),
           T(test_ec_cross_encoder_cache_lookup_asks_for_the_value_at_once), T(test_ec_metrics_show_what_peers_hold),
           T(test_ec_control_service_time_inside_the_round_trips),
