@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -22,7 +23,8 @@ struct kvp__device {
     void (*fn)(void *arg);
     void *arg;
     bool busy, stop;
-    int nice; /* set by the thread before create returns */
+    uint64_t posted, done; /* jobs posted, jobs finished: a caller waits for its own */
+    int nice;              /* set by the thread before create returns */
 };
 
 static void *device_main(void *p)
@@ -47,6 +49,7 @@ static void *device_main(void *p)
         d->fn(d->arg);
         pthread_mutex_lock(&d->mu);
         d->busy = false;
+        d->done++;
         pthread_cond_broadcast(&d->cv);
     }
     pthread_mutex_unlock(&d->mu);
@@ -88,8 +91,9 @@ void kvp__device_run(kvp__device_t *d, void (*fn)(void *arg), void *arg)
     d->fn = fn;
     d->arg = arg;
     d->busy = true;
+    uint64_t mine = ++d->posted;
     pthread_cond_broadcast(&d->cv);
-    while (d->busy)
+    while (d->done < mine) /* (not busy: another caller's job may be running by then) */
         pthread_cond_wait(&d->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
 }
