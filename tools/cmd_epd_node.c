@@ -10,11 +10,12 @@
  *     its own encoder cache), their worker metadata aggregated as vLLM's
  *     executor does (kvp_ec_worker_meta_aggregate); every output a rank
  *     takes into its encoder cache is checked byte for byte against the
- *     deterministic encoder output (epd.h).  A bare ZeroMQ REP echo serves
- *     the replay's round-trip baseline.
+ *     deterministic encoder output (epd.h), on the node's device thread.
+ *     A bare ZeroMQ REP echo serves the replay's round-trip baseline.
  *   encoder: a producer scheduler and a producer worker; the engine
- *     "encodes" (the deterministic output) and the worker pushes; every push
- *     record (kvp_ec_worker_params.on_push) goes to the replay.
+ *     "encodes" (the deterministic output, on the node's device thread)
+ *     and the worker pushes; every push record
+ *     (kvp_ec_worker_params.on_push) goes to the replay.
  *
  * In (replay -> node): {"op":"req",...} (kvp__epd_msg_req_write),
  *   {"op":"rtt","addr":A,"bytes":B,"count":N} (encoder: N round trips now;
@@ -32,6 +33,11 @@
  *   the reply size the echo was asked for: a reserve reply's, zmq_rtt.h),
  *   {"ev":"stats",...}, {"ev":"error","msg"} (a line it could not use).
  * Times are CLOCK_MONOTONIC ns: both nodes run on the replay's host.
+ *
+ * The device thread (engine/device.h) stands in for the GPU: the encoding
+ * and the byte checks run there at nice 19, the engine thread waiting for
+ * each, so they take only the CPU the serving threads leave over; the
+ * ready line says its nice value (device_nice).
  *
  * --drop-events P (prefill; fault injection, not a production knob): the
  * inbox in front of the scheduler loses each readiness event with
