@@ -35,9 +35,10 @@
  * Times are CLOCK_MONOTONIC ns: both nodes run on the replay's host.
  *
  * The device thread (engine/device.h) stands in for the GPU: the encoding
- * and the byte checks run there at nice 19, the engine thread waiting for
- * each, so they take only the CPU the serving threads leave over; the
- * ready line says its nice value (device_nice).
+ * and the byte checks run there at nice 19 under SCHED_IDLE, the engine
+ * thread waiting for each, so they take only the CPU the serving threads
+ * leave over; the ready line says its nice value and class (device_nice,
+ * device_sched_idle).
  *
  * --drop-events P (prefill; fault injection, not a production knob): the
  * inbox in front of the scheduler loses each readiness event with
@@ -631,6 +632,7 @@ static kvp_status_t node_start(node_t *n, const opts_t *o)
     jstr(&b, "role", n->prefill ? "prefill" : "encoder");
     jint(&b, "pid", (int64_t)getpid());
     jint(&b, "device_nice", kvp__device_nice(n->dev));
+    jbool(&b, "device_sched_idle", kvp__device_sched_idle(n->dev));
     if (n->prefill) {
         jstr(&b, "consumer_zmq", kvp_ec_worker_control_addr(n->w[0]));
         jstr(&b, "echo", n->echo.addr);

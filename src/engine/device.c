@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -25,6 +26,7 @@ struct kvp__device {
     bool busy, stop;
     uint64_t posted, done; /* jobs posted, jobs finished: a caller waits for its own */
     int nice;              /* set by the thread before create returns */
+    bool sched_idle;       /* likewise */
 };
 
 static void *device_main(void *p)
@@ -37,8 +39,16 @@ static void *device_main(void *p)
         kvp_warn("device: cannot lower the stand-in's priority to nice %d: %s", DEVICE_NICE, strerror(errno));
     errno = 0;
     int nice = getpriority(PRIO_PROCESS, tid);
+    nice = errno ? 0 : nice;
+    /* Then the idle class (the calling thread only): a core running only
+     * SCHED_IDLE work is where the kernel puts a thread that wakes up. */
+    struct sched_param sp = {.sched_priority = 0};
+    if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0)
+        kvp_warn("device: cannot move the stand-in to SCHED_IDLE: %s", strerror(errno));
+    bool idle = sched_getscheduler(0) == SCHED_IDLE;
     pthread_mutex_lock(&d->mu);
-    d->nice = errno ? 0 : nice;
+    d->sched_idle = idle;
+    d->nice = nice;
     pthread_cond_broadcast(&d->cv);
     for (;;) {
         while (!d->busy && !d->stop)
@@ -99,6 +109,8 @@ void kvp__device_run(kvp__device_t *d, void (*fn)(void *arg), void *arg)
 }
 
 int kvp__device_nice(const kvp__device_t *d) { return d ? d->nice : -100; }
+
+bool kvp__device_sched_idle(const kvp__device_t *d) { return d && d->sched_idle; }
 
 void kvp__device_destroy(kvp__device_t *d)
 {

@@ -62,7 +62,8 @@
  *                 workload, from /proc/<pid>/stat
  *   device_nice   the nice value of the nodes' stand-ins for the GPU
  *                 (engine/device.h: the encoding and the byte checks run
- *                 there, taking the CPU the serving threads leave over)
+ *                 there, taking the CPU the serving threads leave over);
+ *                 device_sched_idle: both run under SCHED_IDLE
  *   failures      requests failed for good or never ended, outputs used
  *                 before they were in the cache, lines the nodes wrote that
  *                 were not understood, a node that died uninvited
@@ -253,6 +254,7 @@ typedef struct run {
     bool killed_pool;
     bool encoder_dead, killed_encoder, prefill_ready, encoder_ready, rtt_done, rtt_loaded_done;
     int64_t device_nice[2]; /* the nodes' GPU stand-ins (device.h): prefill, encoder */
+    bool device_idle[2];    /* ... under SCHED_IDLE */
     double rtt_p50_us;        /* the baseline: rtt_paired, else rtt_all, else rtt_idle */
     double rtt_all_p50_us;    /* sampled all through the workload */
     double rtt_paired_p50_us; /* the sample nearest each writing reserve in time */
@@ -336,9 +338,12 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
     bool prefill = c == &r->prefill;
     if (!strcmp(ev, "ready")) {
         int64_t nice;
-        if (!kvp__epd_json_int(o, "device_nice", &nice) || nice < -20 || nice > 19)
-            return bad_line(r, c, "ready without device_nice in -20..19", line, len);
+        bool idle;
+        if (!kvp__epd_json_int(o, "device_nice", &nice) || nice < -20 || nice > 19 ||
+            !kvp__epd_json_bool(o, "device_sched_idle", &idle))
+            return bad_line(r, c, "ready without device_nice in -20..19 and device_sched_idle", line, len);
         r->device_nice[prefill ? 0 : 1] = nice;
+        r->device_idle[prefill ? 0 : 1] = idle;
         if (prefill) {
             if (!kvp__epd_json_str(o, "consumer_zmq", r->consumer_zmq, sizeof r->consumer_zmq) ||
                 !kvp__epd_json_str(o, "echo", r->echo, sizeof r->echo))
@@ -696,8 +701,9 @@ static int report(run_t *r, double mc, double wall_s)
            (double)r->use[2].cpu_ns / 1e9, r->use[2].faults, r->enc.stage_copies, r->enc.stage_fallbacks,
            (double)r->use[1].cpu_ns / 1e9, r->use[1].faults, (double)r->use[0].cpu_ns / 1e9);
     printf("  the GPU's work (encoding; the prefill node's byte checks) ran on each node's device thread at nice "
-           "%" PRId64 " (encoder) and %" PRId64 " (prefill), taking the CPU the serving threads left over\n",
-           r->device_nice[1], r->device_nice[0]);
+           "%" PRId64 "%s (encoder) and %" PRId64 "%s (prefill), taking the CPU the serving threads left over\n",
+           r->device_nice[1], r->device_idle[1] ? " under SCHED_IDLE" : "", r->device_nice[0],
+           r->device_idle[0] ? " under SCHED_IDLE" : "");
     printf("  events dropped (fault) %" PRId64 ", consumer reservations left %" PRId64 " (%" PRId64 " B)%s%s\n",
            r->pf.events_dropped, left, r->pf.bytes_reserved, r->killed_encoder ? ", encoder killed" : "",
            r->killed_pool ? ", pool server killed" : "");
@@ -739,6 +745,8 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "encoder_faults", (double)r->use[2].faults, true);
         jnum(&b, "device_nice", (double)(r->device_nice[0] < r->device_nice[1] ? r->device_nice[0] : r->device_nice[1]),
              true);
+        kvp__jw_puts(&b, ",\"device_sched_idle\":");
+        kvp__jw_bool(&b, r->device_idle[0] && r->device_idle[1]);
         jnum(&b, "workload_s", (double)r->work_ns / 1e9, false);
         kvp__jw_puts(&b, "}\n");
         if (!b.oom)

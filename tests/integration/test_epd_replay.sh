@@ -42,7 +42,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
-FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','zmq_rtt_idle_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','device_nice','workload_s']"
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','zmq_rtt_idle_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','device_nice','device_sched_idle','workload_s']"
 # every clean run: exit 0, all done, every byte taken verified, every push taken
 CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
 
@@ -64,9 +64,9 @@ check replay_epd_reserve_service_measured jcheck base "0 < j['reserve_service_cp
 # pool server's share can be under the 10 ms a clock tick counts)
 check replay_epd_process_cpu_measured jcheck base "j['encoder_cpu_s'] > 0 and j['prefill_cpu_s'] > 0 and j['server_cpu_s'] >= 0 and j['encoder_faults'] > 0"
 # the GPU's work (encoding, the byte checks) ran on each node's device
-# thread at nice 19 (engine/device.h), and the table says so
-check replay_epd_gpu_stand_in_at_nice_19 jcheck base "j['device_nice'] == 19"
-check replay_epd_table_words sh -c "grep -q 'verified' '$T/base.out' && grep -q 'push bandwidth' '$T/base.out' && grep -q 'reservations left 0 ' '$T/base.out' && grep -q 'device thread at nice 19 (encoder) and 19 (prefill)' '$T/base.out'"
+# thread at nice 19 under SCHED_IDLE (engine/device.h), and the table says so
+check replay_epd_gpu_stand_in_at_nice_19_sched_idle jcheck base "j['device_nice'] == 19 and j['device_sched_idle'] is True"
+check replay_epd_table_words sh -c "grep -q 'verified' '$T/base.out' && grep -q 'push bandwidth' '$T/base.out' && grep -q 'reservations left 0 ' '$T/base.out' && grep -q 'device thread at nice 19 under SCHED_IDLE (encoder) and 19 under SCHED_IDLE (prefill)' '$T/base.out'"
 
 # ------------------------------------------------ consumer TP 2 (two workers, metadata aggregated)
 epd tp2 --requests 30 --size 1MiB --consumer-tp 2 --push-wait-s 10

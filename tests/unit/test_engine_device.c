@@ -1,8 +1,9 @@
 /* Unit tests of src/engine/device.c: the replays' stand-in for a GPU runs
- * each job on a thread of its own at nice 19, one at a time, and returns
+ * each job on a thread of its own at nice 19 under SCHED_IDLE, one at a time, and returns
  * to the caller only when the job is done. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -16,7 +17,7 @@ static pid_t my_tid(void) { return (pid_t)syscall(SYS_gettid); }
 
 typedef struct {
     pid_t tid;
-    int nice;
+    int nice, policy;
     char name[16];
 } where_t;
 
@@ -26,13 +27,15 @@ static void where_job(void *arg)
     w->tid = my_tid();
     errno = 0;
     w->nice = getpriority(PRIO_PROCESS, (id_t)w->tid);
+    w->policy = sched_getscheduler(0);
     pthread_getname_np(pthread_self(), w->name, sizeof w->name);
 }
 
-TEST(test_device_runs_the_job_on_its_own_thread_at_nice_19)
+TEST(test_device_runs_the_job_on_its_own_thread_at_nice_19_sched_idle)
 {
     errno = 0;
     int caller_nice = getpriority(PRIO_PROCESS, (id_t)my_tid());
+    int caller_policy = sched_getscheduler(0);
     kvp__device_t *d;
     ASSERT_EQ(kvp__device_create(&d), KVP_OK);
     where_t w = {0};
@@ -40,9 +43,12 @@ TEST(test_device_runs_the_job_on_its_own_thread_at_nice_19)
     ASSERT(w.tid != 0 && w.tid != my_tid());
     ASSERT_EQ(w.nice, 19);
     ASSERT_EQ(kvp__device_nice(d), 19);
+    ASSERT_EQ(w.policy, SCHED_IDLE);
+    ASSERT(kvp__device_sched_idle(d));
     ASSERT_STR_EQ(w.name, "kvp-device");
-    /* the caller's priority is its own */
+    /* the caller's priority and class are its own */
     ASSERT_EQ(getpriority(PRIO_PROCESS, (id_t)my_tid()), caller_nice);
+    ASSERT_EQ(sched_getscheduler(0), caller_policy);
     kvp__device_destroy(d);
 }
 
@@ -52,6 +58,7 @@ TEST(test_device_null_runs_the_job_on_the_caller)
     kvp__device_run(NULL, where_job, &w);
     ASSERT_EQ(w.tid, my_tid());
     ASSERT_EQ(kvp__device_nice(NULL), -100);
+    ASSERT(!kvp__device_sched_idle(NULL));
     kvp__device_destroy(NULL);
 }
 
@@ -121,5 +128,5 @@ TEST(test_device_two_callers_take_turns)
     kvp__device_destroy(t.d);
 }
 
-TEST_LIST(T(test_device_runs_the_job_on_its_own_thread_at_nice_19), T(test_device_null_runs_the_job_on_the_caller),
+TEST_LIST(T(test_device_runs_the_job_on_its_own_thread_at_nice_19_sched_idle), T(test_device_null_runs_the_job_on_the_caller),
           T(test_device_run_returns_once_the_job_is_done_in_order), T(test_device_two_callers_take_turns))
