@@ -139,12 +139,15 @@ kvp_status_t kvp__ec_push_tx_write(kvp__ec_push_tx_t *tx, const char *session, c
 /* Sets up what a write to session needs (the UCX endpoint, the rkey and
  * this process's page tables over a shared-memory slab) ahead of the
  * first write, so a write's time is the transfer's.  Best effort: a write
- * still sets up whatever this could not. */
+ * still sets up whatever this could not.  Once the session is set up (by
+ * a prepare or a write) it returns at once, without waiting for the UCX
+ * lock that a write in progress holds. */
 void kvp__ec_push_tx_prepare(kvp__ec_push_tx_t *tx, const char *session);
 
 typedef struct kvp__ec_push_tx_stats {
     uint64_t writes, bytes, failures, ucx_writes, tcp_writes;
     uint64_t write_ns; /* summed time inside writes */
+    uint64_t prepares, prepares_settled; /* prepares of a UCX session; of them, found set up (no lock) */
 } kvp__ec_push_tx_stats_t;
 void kvp__ec_push_tx_stats(kvp__ec_push_tx_t *tx, kvp__ec_push_tx_stats_t *st);
 

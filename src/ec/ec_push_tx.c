@@ -28,6 +28,10 @@
  * ucp_ep_flush_nbx, both waited for until the deadline: flush returns only
  * once the bytes are in the target's memory.  A timed-out or failed
  * endpoint is never used again (its requests stay with the worker).
+ * Once a session's UCX state is settled (an endpoint, or UCX off for it) a
+ * prepare returns without tx->ucx_mu: the control thread that calls it
+ * after each reserve never waits behind another session's write of
+ * megabytes, which holds that lock until its flush.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -66,6 +70,7 @@ typedef struct peer {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
     bool ucx_off;              /* unusable (check failed, error, timeout): TCP only */
+    atomic_bool settled;       /* ucx_ready has run: ep set, or UCX off for this peer */
 } peer_t;
 
 struct kvp__ec_push_tx {
@@ -78,7 +83,7 @@ struct kvp__ec_push_tx {
     ucp_address_t *own_addr;
     size_t own_addr_len;
     struct {
-        _Atomic uint64_t writes, bytes, failures, ucx_writes, tcp_writes, write_ns;
+        _Atomic uint64_t writes, bytes, failures, ucx_writes, tcp_writes, write_ns, prepares, prepares_settled;
     } st;
 };
 
@@ -158,6 +163,7 @@ static kvp_status_t peer_get(kvp__ec_push_tx_t *tx, const char *session, peer_t 
         return KVP_ERR_NO_MEMORY;
     }
     pthread_mutex_init(&np->mu, NULL);
+    atomic_init(&np->settled, false);
     pthread_mutex_lock(&tx->mu);
     pe = tx->peers.n ? kvp__strmap_get_h(&tx->peers, session, len, h) : NULL; /* a racing first write */
     if (!pe && tx->peers.n < PEERS_MAX && kvp__strmap_put_h(&tx->peers, np->key, len, h, np) == KVP_OK) {
@@ -370,8 +376,9 @@ static kvp_status_t tcp_write(peer_t *pe, bool temp, const char *rid, uint64_t o
 /* ---- UCX ---- */
 
 /* Under ucx_mu: the context (opened on first use) and pe's endpoint and
- * rkey.  false: UCX is not usable for pe (TCP then). */
-static bool ucx_ready(kvp__ec_push_tx_t *tx, peer_t *pe)
+ * rkey.  false: UCX is not usable for pe (TCP then).  Either answer is
+ * final for pe, so pe is settled after it. */
+static bool ucx_setup(kvp__ec_push_tx_t *tx, peer_t *pe)
 {
     if (!tx->ucx_tried) {
         tx->ucx_tried = true;
@@ -421,6 +428,13 @@ static bool ucx_ready(kvp__ec_push_tx_t *tx, peer_t *pe)
     return true;
 }
 
+static bool ucx_ready(kvp__ec_push_tx_t *tx, peer_t *pe)
+{
+    bool ok = ucx_setup(tx, pe);
+    atomic_store(&pe->settled, true);
+    return ok;
+}
+
 /* KVP_ERR_UNSUPPORTED: UCX not usable for pe (nothing was written). */
 static kvp_status_t ucx_write(kvp__ec_push_tx_t *tx, peer_t *pe, uint64_t dst_ptr, const void *src, uint64_t len,
                               uint64_t deadline)
@@ -454,9 +468,14 @@ void kvp__ec_push_tx_prepare(kvp__ec_push_tx_t *tx, const char *session)
     if (!tx || !session || !session[0] || peer_get(tx, session, &pe, &temp) != KVP_OK)
         return;
     if ((tx->p.paths & KVP__EC_PATH_UCX) && pe->s.ucx_addr_len) {
-        pthread_mutex_lock(&tx->ucx_mu);
-        (void)ucx_ready(tx, pe);
-        pthread_mutex_unlock(&tx->ucx_mu);
+        STAT_ADD(tx, prepares, 1);
+        if (atomic_load(&pe->settled)) {
+            STAT_ADD(tx, prepares_settled, 1);
+        } else {
+            pthread_mutex_lock(&tx->ucx_mu);
+            (void)ucx_ready(tx, pe);
+            pthread_mutex_unlock(&tx->ucx_mu);
+        }
     }
     if (temp)
         peer_free(tx, pe);
@@ -524,4 +543,6 @@ void kvp__ec_push_tx_stats(kvp__ec_push_tx_t *tx, kvp__ec_push_tx_stats_t *st)
     st->ucx_writes = atomic_load(&tx->st.ucx_writes);
     st->tcp_writes = atomic_load(&tx->st.tcp_writes);
     st->write_ns = atomic_load(&tx->st.write_ns);
+    st->prepares = atomic_load(&tx->st.prepares);
+    st->prepares_settled = atomic_load(&tx->st.prepares_settled);
 }

@@ -470,8 +470,10 @@ TEST(test_ec_push_concurrent_writers_4_threads)
 
 /* UCX RMA between two processes: the child runs the receiver over a slab it
  * lets UCX allocate, the parent writes.  Skipped (with the reason) only
- * when the receiver does not offer UCX here. */
-static void ucx_case(bool emulated)
+ * when the receiver does not offer UCX here.  prepare: the session is
+ * prepared twice before the write and once after it; only the first sets
+ * it up (under the UCX lock), the others find it settled. */
+static void ucx_case(bool emulated, bool prepare)
 {
     int to_parent[2], to_child[2];
     ASSERT_EQ(pipe(to_parent), 0);
@@ -532,11 +534,27 @@ static void ucx_case(bool emulated)
     ASSERT_OK(kvp__ec_push_tx_create(&tp, &tx));
     uint8_t *src = pattern(4u << 20, 77);
     unsigned path = 0;
+    kvp__ec_push_tx_stats_t ts;
+    if (prepare) {
+        kvp__ec_push_tx_prepare(tx, s);
+        kvp__ec_push_tx_stats(tx, &ts);
+        ASSERT_EQ(ts.prepares, 1);
+        ASSERT_EQ(ts.prepares_settled, 0);
+        kvp__ec_push_tx_prepare(tx, s);
+        kvp__ec_push_tx_stats(tx, &ts);
+        ASSERT_EQ(ts.prepares, 2);
+        ASSERT_EQ(ts.prepares_settled, 1);
+    }
     ASSERT_OK(kvp__ec_push_tx_write(tx, s, RID, ss->base + 65536, src, 4u << 20, &path));
     ASSERT_EQ(path, KVP__EC_PATH_UCX);
+    if (prepare) {
+        kvp__ec_push_tx_prepare(tx, s);
+        kvp__ec_push_tx_stats(tx, &ts);
+        ASSERT_EQ(ts.prepares, 3);
+        ASSERT_EQ(ts.prepares_settled, 2);
+    }
     /* outside the slab: refused by the producer, nothing written */
     ASSERT_EQ(kvp__ec_push_tx_write(tx, s, RID, ss->base + SLAB - 100, src, 4096, &path), KVP_ERR_INVALID_ARG);
-    kvp__ec_push_tx_stats_t ts;
     kvp__ec_push_tx_stats(tx, &ts);
     ASSERT_EQ(ts.ucx_writes, 1);
     ASSERT_EQ(write(to_child[1], "x", 1), 1);
@@ -551,12 +569,17 @@ static void ucx_case(bool emulated)
     ASSERT_EQ(kvp__alloc_bytes_in_use(), 0);
 }
 
-TEST(test_ec_push_ucx_rma_write_lands_byte_exact) { ucx_case(false); }
+TEST(test_ec_push_ucx_rma_write_lands_byte_exact) { ucx_case(false, false); }
+
+/* A prepared session is set up once; later prepares (and those after a
+ * write) take no UCX lock, so a control thread never waits behind a write
+ * in progress; the write after the prepares still lands by UCX. */
+TEST(test_ec_push_prepare_sets_up_once_then_takes_no_lock) { ucx_case(false, true); }
 
 /* The receiver offers no UCX for a borrowed slab (the put would be
  * emulated); forced, the emulated put completes because the receiver's
  * thread progresses its worker. */
-TEST(test_ec_push_ucx_emulated_put_progressed_by_receiver) { ucx_case(true); }
+TEST(test_ec_push_ucx_emulated_put_progressed_by_receiver) { ucx_case(true, false); }
 
 TEST(test_ec_push_borrowed_slab_offers_tcp_only)
 {
@@ -721,7 +744,7 @@ TEST_LIST(T(test_ec_push_tcp_write_lands_byte_exact), T(test_ec_push_refused_ran
           T(test_ec_push_out_of_bounds_rejected_by_receiver), T(test_ec_push_producer_refuses_dst_outside_session),
           T(test_ec_push_hostile_garbage_header_dropped_healthy_continues),
           T(test_ec_push_hostile_truncated_body_and_idle_dropped), T(test_ec_push_max_conns_cap),
-          T(test_ec_push_concurrent_writers_4_threads), T(test_ec_push_ucx_rma_write_lands_byte_exact),
+          T(test_ec_push_concurrent_writers_4_threads), T(test_ec_push_ucx_rma_write_lands_byte_exact), T(test_ec_push_prepare_sets_up_once_then_takes_no_lock),
           T(test_ec_push_ucx_emulated_put_progressed_by_receiver), T(test_ec_push_borrowed_slab_offers_tcp_only), T(test_ec_push_any_interface_advertises_given_host),
           T(test_ec_push_producer_times_out_on_silent_receiver),
           T(test_ec_push_session_codec), T(test_ec_push_frame_codec))
