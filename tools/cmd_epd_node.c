@@ -179,6 +179,7 @@ static void on_push(void *ctx, const kvp_ec_push_record_t *r)
     jbool(&b, "cached", r->cached);
     jint(&b, "status", r->status);
     jbool(&b, "retryable", r->retryable);
+    jint(&b, "reserve_asked_ns", (int64_t)r->reserve_asked_ns);
     jint(&b, "reserve_sent_ns", (int64_t)r->reserve_sent_ns);
     jint(&b, "reserve_done_ns", (int64_t)r->reserve_done_ns);
     jint(&b, "reserve_reply_bytes", (int64_t)r->reserve_reply_bytes);

@@ -564,6 +564,7 @@ typedef struct kvp_ec_push_record {
     kvp_status_t status; /* KVP_OK, or why the push failed */
     bool retryable;      /* a failure the request may retry (timeouts, lost peers, expiry) */
     uint64_t reserve_sent_ns, reserve_done_ns;
+    uint64_t reserve_asked_ns; /* start_save queued the reserve (it waits there for a control thread) */
     uint64_t write_start_ns, write_done_ns; /* 0 when nothing was written */
     uint64_t complete_done_ns;
     unsigned path;       /* KVP_EC_PUSH_TCP or KVP_EC_PUSH_UCX when written */

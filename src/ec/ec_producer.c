@@ -249,6 +249,8 @@ static kvp_status_t enqueue(kvp__ec_producer_t *pr, job_kind_t kind, rec_t *r, s
     j->src = s;
     if (r)
         r->busy = true;
+    if (r && kind == J_RESERVE)
+        r->rep.reserve_asked_ns = kvp__now_ns();
     if (s)
         s->refs++;
     lane_t *l = &pr->lanes[queue_of(kind)];

@@ -37,6 +37,9 @@
  *   reserve_p50   reserve sent -> answered, over reserves that write;
  *                 reserve_cached_p50: over those answered cached (the
  *                 consumer held the image, or got it from the pool)
+ *   reserve_asked_p50  reserve asked (start_save queued it) -> answered,
+ *                 over reserves that write: the round trip plus the wait
+ *                 for one of the producer's control threads
  *   zmq_rtt       the bare round trip's p50 over the samples paired with
  *                 the writing reserves (for each, the sample that started
  *                 nearest it): the reserves' own moments (on this 2-core VM
@@ -228,7 +231,7 @@ static void child_reap(child_t *c, int ms)
 
 typedef struct xfer {
     char tid[96];
-    uint64_t reserve_sent, reserve_done, write_start, write_done, event_ns;
+    uint64_t reserve_asked, reserve_sent, reserve_done, write_start, write_done, event_ns;
     int64_t nbytes, written;
     bool pushed, cached;
 } xfer_t;
@@ -370,13 +373,14 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
             kvp_warn_rl("replay --epd: the encoder node ended %s: %s", s, ev);
         r->encoder_not_done += strcmp(ev, "done") != 0;
     } else if (!strcmp(ev, "push") && !prefill) {
-        int64_t nb, wr, st, t[4];
+        int64_t nb, wr, st, t[5];
         bool cached;
         if (!kvp__epd_json_str(o, "tid", s, sizeof s) || !kvp__epd_json_int(o, "nbytes", &nb) ||
             !kvp__epd_json_int(o, "written", &wr) || !kvp__epd_json_int(o, "status", &st) ||
             !kvp__epd_json_bool(o, "cached", &cached) || !kvp__epd_json_int(o, "reserve_sent_ns", &t[0]) ||
             !kvp__epd_json_int(o, "reserve_done_ns", &t[1]) || !kvp__epd_json_int(o, "write_start_ns", &t[2]) ||
-            !kvp__epd_json_int(o, "write_done_ns", &t[3]) || nb < 0 || wr < 0)
+            !kvp__epd_json_int(o, "write_done_ns", &t[3]) || !kvp__epd_json_int(o, "reserve_asked_ns", &t[4]) ||
+            nb < 0 || wr < 0 || (t[0] && t[4] > t[0]))
             return bad_line(r, c, "push without its fields", line, len);
         r->push_records++;
         if (st != KVP_OK) {
@@ -402,6 +406,7 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
             x->written = wr;
             x->reserve_sent = (uint64_t)t[0];
             x->reserve_done = (uint64_t)t[1];
+            x->reserve_asked = (uint64_t)t[4];
             x->write_start = (uint64_t)t[2];
             x->write_done = (uint64_t)t[3];
         }
@@ -624,13 +629,14 @@ static void idle_rtt(run_t *r, uint64_t deadline)
 
 static int report(run_t *r, double mc, double wall_s)
 {
-    size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0;
+    size_t n = r->xfers.n, nlat = 0, nres = 0, ncres = 0, nask = 0;
     uint64_t *lat = kvp__calloc(n ? n : 1, sizeof *lat), *res = kvp__calloc(n ? n : 1, sizeof *res);
+    uint64_t *ask = kvp__calloc(n ? n : 1, sizeof *ask);
     uint64_t *cres = kvp__calloc(n ? n : 1, sizeof *cres), *wr = kvp__calloc(n ? n : 1, sizeof *wr);
     span_t *spans = kvp__calloc(n ? n : 1, sizeof *spans);
     size_t nwr = 0;
     uint64_t write_ns = 0, written_bytes = 0, no_event = 0;
-    for (size_t i = 0; lat && res && cres && wr && spans && i < r->xfers.cap; i++) {
+    for (size_t i = 0; lat && res && ask && cres && wr && spans && i < r->xfers.cap; i++) {
         const xfer_t *x = r->xfers.slots[i].val;
         if (!r->xfers.slots[i].key || !x->pushed)
             continue;
@@ -640,6 +646,8 @@ static int report(run_t *r, double mc, double wall_s)
             wr[nwr++] = x->write_done > x->write_start ? x->write_done - x->write_start : 0;
             written_bytes += (uint64_t)x->nbytes * (uint64_t)x->written;
             res[nres++] = x->reserve_done - x->reserve_sent;
+            if (x->reserve_asked && x->reserve_done >= x->reserve_asked)
+                ask[nask++] = x->reserve_done - x->reserve_asked;
             if (x->event_ns > x->reserve_sent)
                 lat[nlat++] = x->event_ns - x->reserve_sent;
             else
@@ -653,7 +661,7 @@ static int report(run_t *r, double mc, double wall_s)
     kvp__free(spans, (n ? n : 1) * sizeof *spans);
     double push_gbps = write_ns ? (double)written_bytes / ((double)write_ns / 1e9) / 1e9 : 0;
     double p50 = pct_us(lat, nlat, 0.5), p99 = pct_us(lat, nlat, 0.99), r50 = pct_us(res, nres, 0.5);
-    double cr50 = pct_us(cres, ncres, 0.5);
+    double cr50 = pct_us(cres, ncres, 0.5), a50 = pct_us(ask, nask, 0.5);
     double nrq = r->pf.reserve_requests > 0 ? (double)r->pf.reserve_requests : 1;
     double svc_us = (double)r->pf.reserve_busy_ns / nrq / 1e3, svc_cpu_us = (double)r->pf.reserve_cpu_ns / nrq / 1e3;
     uint64_t unfinished = r->sent - r->ended;
@@ -695,6 +703,9 @@ static int report(run_t *r, double mc, double wall_s)
            " reserves, received -> replied); the rest of a round trip is the client, ZeroMQ, TCP and thread "
            "wake-ups\n",
            svc_us, svc_cpu_us, r->pf.reserve_requests);
+    printf("  a writing reserve from asked to answered p50 %.0f us (from start_save queueing it to its reply: "
+           "the round trip above plus its wait for one of the producer's two control threads)\n",
+           a50);
     printf("  CPU during the workload: encoder node %.2f s (%" PRIu64 " page faults; %" PRId64
            " outputs copied to push, %" PRId64 " of them on the heap), prefill node %.2f s (%" PRIu64
            " page faults), pool server %.2f s\n",
@@ -728,6 +739,7 @@ static int report(run_t *r, double mc, double wall_s)
         jnum(&b, "push_p99_us", p99, false);
         jnum(&b, "reserve_p50_us", r50, false);
         jnum(&b, "reserve_cached_p50_us", cr50, false);
+        jnum(&b, "reserve_asked_p50_us", a50, false);
         jnum(&b, "zmq_rtt_us", r->rtt_p50_us, false);
         jnum(&b, "zmq_rtt_paired_us", r->rtt_paired_p50_us, false);
         jnum(&b, "zmq_rtt_paired_samples", (double)r->rtt_paired_count, true);
@@ -756,6 +768,7 @@ static int report(run_t *r, double mc, double wall_s)
     fflush(stdout);
     kvp__free(lat, (n ? n : 1) * sizeof *lat);
     kvp__free(res, (n ? n : 1) * sizeof *res);
+    kvp__free(ask, (n ? n : 1) * sizeof *ask);
     kvp__free(cres, (n ? n : 1) * sizeof *cres);
     kvp__free(wr, (n ? n : 1) * sizeof *wr);
     return failures || r->pf.taken != r->pf.verified || left > 0 ? 1 : 0;

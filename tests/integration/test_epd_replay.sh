@@ -42,7 +42,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
-FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','zmq_rtt_idle_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','device_nice','device_sched_idle','workload_s']"
+FIELDS="['requests','pushes','bytes_pushed','bytes_taken','bytes_verified','cross_cache_hits','failures','retryable_errors','push_gbps','memcpy_gbps','push_p50_us','push_p99_us','reserve_p50_us','reserve_cached_p50_us','reserve_asked_p50_us','zmq_rtt_us','zmq_rtt_paired_us','zmq_rtt_paired_samples','zmq_rtt_loaded_us','zmq_rtt_idle_us','zmq_rtt_request_bytes','zmq_rtt_reply_bytes','zmq_rtt_idle_reply_bytes','reserve_reply_bytes','reserve_service_us','reserve_service_cpu_us','encoder_cpu_s','prefill_cpu_s','server_cpu_s','encoder_faults','device_nice','device_sched_idle','workload_s']"
 # every clean run: exit 0, all done, every byte taken verified, every push taken
 CLEAN='rc == 0 and j["failures"] == 0 and j["retryable_errors"] == 0 and j["bytes_taken"] > 0 and j["bytes_verified"] == j["bytes_taken"] and j["bytes_taken"] >= j["bytes_pushed"] > 0'
 
@@ -57,6 +57,9 @@ check replay_epd_rtt_paired_with_reserves jcheck base "j['zmq_rtt_paired_samples
 # the baseline's frames are a reserve's: the request's size, and the reply
 # the reserves got (the idle one too: measured again after the workload)
 check replay_epd_rtt_frames_of_a_reserve jcheck base "100 < j['zmq_rtt_request_bytes'] < j['zmq_rtt_reply_bytes'] == j['zmq_rtt_idle_reply_bytes'] == j['reserve_reply_bytes']"
+# a writing reserve from asked (start_save queued it) to answered: its round
+# trip plus its wait for a control thread, so never shorter than the round trip
+check replay_epd_reserve_asked_to_answered jcheck base "0 < j['reserve_p50_us'] <= j['reserve_asked_p50_us'] < j['workload_s'] * 1e6"
 # the control server's own share of a reserve: measured, its CPU part inside its wall-clock time
 check replay_epd_reserve_service_measured jcheck base "0 < j['reserve_service_cpu_us'] <= j['reserve_service_us'] + 1"
 # each node's CPU during the workload, from /proc (the encoder encodes and
