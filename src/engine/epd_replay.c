@@ -1,6 +1,6 @@
 /*
  * `kvpool replay --epd`: the proxy of an encoder -> prefill deployment
- * (epd.h).  It starts (fork + exec of /proc/self/exe) a `kvpool server` for
+ * (epd.h).  It starts (engine/child.h: fork + exec of /proc/self/exe) a `kvpool server` for
  * the cross-encoder cache unless --pool is given, the prefill node, then
  * the encoder node (which needs the prefill node's control address), and
  * talks to both over pipes, one JSON line per message; every line a node
@@ -74,7 +74,6 @@
  *                 error (take_unavailable_requests)
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <poll.h>
@@ -91,6 +90,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/strmap.h"
+#include "engine/child.h"
 #include "engine/epd.h"
 #include "engine/memcpy_baseline.h"
 #include "engine/proc_usage.h"
@@ -139,94 +139,6 @@ kvp_status_t kvp__epd_faults_parse(const char *spec, kvp__epd_replay_params_t *p
     return KVP_OK;
 }
 
-/* ---------------------------------------------------------------- children */
-
-typedef struct child {
-    const char *name;
-    pid_t pid;
-    int in_fd, out_fd;      /* its stdin (we write), its stdout (we read); -1 closed */
-    char *buf;
-    size_t len, cap;
-    bool exited, killed, eof;
-    int status;
-} child_t;
-
-/* fork + exec /proc/self/exe argv; with pipes when c->in_fd is asked for. */
-static kvp_status_t spawn(child_t *c, char *const argv[], bool pipes)
-{
-    int in[2] = {-1, -1}, out[2] = {-1, -1};
-    c->in_fd = c->out_fd = -1;
-    if (pipes && (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)))
-        return KVP_ERR_IO;
-    pid_t pid = fork();
-    if (pid < 0)
-        return KVP_ERR_IO;
-    if (pid == 0) {
-        if (pipes) {
-            dup2(in[0], STDIN_FILENO);
-            dup2(out[1], STDOUT_FILENO);
-        } else {
-            int dn = open("/dev/null", O_RDWR);
-            dup2(dn, STDIN_FILENO);
-            dup2(dn, STDOUT_FILENO);
-        }
-        execv("/proc/self/exe", argv);
-        _exit(127);
-    }
-    c->pid = pid;
-    if (pipes) {
-        close(in[0]);
-        close(out[1]);
-        c->in_fd = in[1];
-        c->out_fd = out[0];
-        fcntl(c->out_fd, F_SETFL, O_NONBLOCK);
-    }
-    return KVP_OK;
-}
-
-static bool child_send(child_t *c, const char *s, size_t n)
-{
-    while (n && c->in_fd >= 0) {
-        ssize_t k = write(c->in_fd, s, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return false;
-        s += k, n -= (size_t)k;
-    }
-    return n == 0;
-}
-
-static void child_close(child_t *c)
-{
-    if (c->in_fd >= 0)
-        close(c->in_fd);
-    if (c->out_fd >= 0)
-        close(c->out_fd);
-    c->in_fd = c->out_fd = -1;
-    kvp__free(c->buf, c->cap);
-    c->buf = NULL;
-    c->len = c->cap = 0;
-}
-
-/* Reaps it, waiting up to ms (then SIGKILL). */
-static void child_reap(child_t *c, int ms)
-{
-    if (!c->pid || c->exited)
-        return;
-    for (int i = 0; i <= ms / 10; i++) {
-        if (waitpid(c->pid, &c->status, WNOHANG) == c->pid) {
-            c->exited = true;
-            return;
-        }
-        usleep(10000);
-    }
-    kill(c->pid, SIGKILL);
-    waitpid(c->pid, &c->status, 0);
-    c->exited = true;
-    c->killed = true;
-}
-
 /* ---------------------------------------------------------------- the run */
 
 typedef struct xfer {
@@ -248,7 +160,7 @@ typedef struct stats_line {
 typedef struct run {
     const kvp__epd_replay_params_t *p;
     kvp__epd_workload_t w;
-    child_t server, prefill, encoder;
+    kvp__child_t server, prefill, encoder;
     char pool_uri[128], consumer_zmq[128], echo[128];
     kvp__strmap_t xfers;       /* tid -> xfer */
     kvp__json_parser_t jp;
@@ -288,7 +200,7 @@ static xfer_t *xfer_get(run_t *r, const char *tid)
     return x;
 }
 
-static void bad_line(run_t *r, child_t *c, const char *why, const char *line, size_t len)
+static void bad_line(run_t *r, kvp__child_t *c, const char *why, const char *line, size_t len)
 {
     r->protocol_errors++;
     kvp_warn_rl("replay --epd: %s wrote a line it should not (%s): %.*s", c->name, why, (int)(len > 200 ? 200 : len),
@@ -330,7 +242,7 @@ static void read_stats(const kvp__json_t *o, stats_line_t *s)
     s->stage_fallbacks = jint0(o, "stage_fallbacks");
 }
 
-static void handle(run_t *r, child_t *c, const char *line, size_t len)
+static void handle(run_t *r, kvp__child_t *c, const char *line, size_t len)
 {
     const kvp__json_t *o;
     char ev[16], s[128];
@@ -450,51 +362,21 @@ static void handle(run_t *r, child_t *c, const char *line, size_t len)
 }
 
 /* Reads what c wrote; handles every whole line. */
-static void child_read(run_t *r, child_t *c)
+static void on_line(void *ctx, kvp__child_t *c, const char *line, size_t len) { handle(ctx, c, line, len); }
+
+static void child_read(run_t *r, kvp__child_t *c)
 {
-    for (;;) {
-        if (c->out_fd < 0)
-            return;
-        if (c->cap - c->len < 4096) {
-            size_t ncap = c->cap ? c->cap * 2 : 1 << 16;
-            if (ncap > (64u << 20)) {
-                bad_line(r, c, "a line over 32 MiB", "", 0);
-                c->eof = true;
-                return;
-            }
-            char *nb = kvp__realloc(c->buf, c->cap, ncap);
-            if (!nb)
-                return;
-            c->buf = nb, c->cap = ncap;
-        }
-        ssize_t k = read(c->out_fd, c->buf + c->len, c->cap - c->len);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && errno == EAGAIN)
-            break;
-        if (k <= 0) {
-            c->eof = true;
-            break;
-        }
-        c->len += (size_t)k;
-    }
-    size_t start = 0;
-    for (size_t i = 0; i < c->len; i++)
-        if (c->buf[i] == '\n') {
-            handle(r, c, c->buf + start, i - start);
-            start = i + 1;
-        }
-    memmove(c->buf, c->buf + start, c->len - start);
-    c->len -= start;
+    if (kvp__child_read_lines(c, on_line, r) == KVP_ERR_PROTOCOL)
+        bad_line(r, c, "a line over 32 MiB", "", 0);
 }
 
 /* Polls both nodes for up to ms and handles what they wrote. */
 static void pump(run_t *r, int ms)
 {
     struct pollfd pf[2];
-    child_t *cs[2];
+    kvp__child_t *cs[2];
     nfds_t n = 0;
-    child_t *all[2] = {&r->prefill, &r->encoder};
+    kvp__child_t *all[2] = {&r->prefill, &r->encoder};
     for (int i = 0; i < 2; i++)
         if (all[i]->out_fd >= 0 && !all[i]->eof) {
             pf[n] = (struct pollfd){all[i]->out_fd, POLLIN, 0};
@@ -530,9 +412,9 @@ static void send_req(run_t *r)
     kvp__jw_init(&b);
     kvp__epd_msg_req_write(&b, &m);
     if (!b.oom) {
-        if (!r->encoder_dead && !child_send(&r->encoder, b.p, b.len))
+        if (!r->encoder_dead && !kvp__child_send(&r->encoder, b.p, b.len))
             r->encoder_dead = true;
-        if (!child_send(&r->prefill, b.p, b.len))
+        if (!kvp__child_send(&r->prefill, b.p, b.len))
             r->protocol_errors++;
     }
     kvp__jw_cleanup(&b);
@@ -622,7 +504,7 @@ static void idle_rtt(run_t *r, uint64_t deadline)
     int n = snprintf(line, sizeof line, "{\"op\":\"rtt\",\"addr\":\"%s\",\"bytes\":%zu,\"count\":2000}\n", r->echo,
                      reserve_frame_bytes(r));
     r->rtt_done = false;
-    child_send(&r->encoder, line, (size_t)n);
+    kvp__child_send(&r->encoder, line, (size_t)n);
     while (!r->rtt_done && !r->encoder.eof && kvp__now_ns() < deadline)
         pump(r, 20);
 }
@@ -788,7 +670,7 @@ static kvp_status_t start_server(run_t *r, const char *dir)
     argv[i++] = "--port-file", argv[i++] = port_file, argv[i++] = "--memory", argv[i++] = mem;
     argv[i++] = "--log-level", argv[i++] = "error", argv[i] = NULL;
     r->server.name = "kvpool server";
-    kvp_status_t st = spawn(&r->server, argv, false);
+    kvp_status_t st = kvp__child_spawn(&r->server, argv, false);
     if (st != KVP_OK)
         return st;
     /* It writes the port file once its arena is faulted in: 10 s, and 4 s
@@ -816,7 +698,7 @@ static kvp_status_t start_server(run_t *r, const char *dir)
     return KVP_ERR_TIMEOUT;
 }
 
-static kvp_status_t start_node(run_t *r, child_t *c, bool prefill)
+static kvp_status_t start_node(run_t *r, kvp__child_t *c, bool prefill)
 {
     const kvp__epd_replay_params_t *p = r->p;
     char size[32], tp[16], pw[32], lease[32], cache[32], drop[32], seed[32], pool_size[32], *argv[40];
@@ -848,7 +730,7 @@ static kvp_status_t start_node(run_t *r, child_t *c, bool prefill)
     }
     argv[i] = NULL;
     c->name = prefill ? "the prefill node" : "the encoder node";
-    kvp_status_t st = spawn(c, argv, true);
+    kvp_status_t st = kvp__child_spawn(c, argv, true);
     if (st != KVP_OK)
         return st;
     uint64_t t0 = kvp__now_ns();
@@ -910,11 +792,11 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
         char line[256];
         int n = snprintf(line, sizeof line, "{\"op\":\"rtt_start\",\"addr\":\"%s\",\"bytes\":%zu,\"interval_us\":1000}\n",
                      r.echo, reserve_frame_bytes(&r));
-        child_send(&r.encoder, line, (size_t)n);
+        kvp__child_send(&r.encoder, line, (size_t)n);
     }
     /* the proxy */
     uint64_t work_t0 = kvp__now_ns();
-    child_t *const procs[3] = {&r.server, &r.prefill, &r.encoder};
+    kvp__child_t *const procs[3] = {&r.server, &r.prefill, &r.encoder};
     kvp__proc_usage_t use0[3];
     for (int i = 0; i < 3; i++)
         use0[i] = kvp__proc_usage(procs[i]->pid);
@@ -945,7 +827,7 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     for (int i = 0; i < 3; i++)
         r.use[i] = kvp__proc_usage_since(use0[i], kvp__proc_usage(procs[i]->pid));
     if (!r.encoder_dead) {
-        child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
+        kvp__child_send(&r.encoder, "{\"op\":\"rtt_stop\"}\n", 18);
         while (!r.rtt_loaded_done && !r.encoder.eof && kvp__now_ns() < deadline)
             pump(&r, 20);
         /* ... and idle again, now with replies of a reserve reply's size */
@@ -960,7 +842,7 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     uint64_t wait_ns = (p->lease_ms ? p->lease_ms + 3000 : 5000) * 1000000ull, t_wait = kvp__now_ns();
     do {
         r.waiting_stats = true;
-        child_send(&r.prefill, "{\"op\":\"stats\"}\n", 15);
+        kvp__child_send(&r.prefill, "{\"op\":\"stats\"}\n", 15);
         while (r.waiting_stats && !r.prefill.eof && kvp__now_ns() < deadline)
             pump(&r, 20);
         if (!r.pf.reservations_active || r.prefill.eof)
@@ -969,28 +851,28 @@ int kvp__epd_replay_main(const kvp__epd_replay_params_t *p)
     } while (kvp__now_ns() - t_wait < wait_ns && kvp__now_ns() < deadline);
     /* quit: each node finishes, reports and exits */
     if (!r.encoder_dead)
-        child_send(&r.encoder, "{\"op\":\"quit\"}\n", 14);
-    child_send(&r.prefill, "{\"op\":\"quit\"}\n", 14);
+        kvp__child_send(&r.encoder, "{\"op\":\"quit\"}\n", 14);
+    kvp__child_send(&r.prefill, "{\"op\":\"quit\"}\n", 14);
     if (r.encoder.in_fd >= 0)
         close(r.encoder.in_fd), r.encoder.in_fd = -1;
     close(r.prefill.in_fd), r.prefill.in_fd = -1;
     uint64_t t_quit = kvp__now_ns();
     while ((!r.prefill.eof || (!r.encoder_dead && !r.encoder.eof)) && kvp__now_ns() - t_quit < 20000000000ull)
         pump(&r, 50);
-    child_reap(&r.prefill, 5000);
-    child_reap(&r.encoder, 5000);
+    kvp__child_reap(&r.prefill, 5000);
+    kvp__child_reap(&r.encoder, 5000);
     rc = report(&r, mc, (double)(kvp__now_ns() - t0) / 1e9);
 out:
     if (r.prefill.pid)
-        child_reap(&r.prefill, 2000);
+        kvp__child_reap(&r.prefill, 2000);
     if (r.encoder.pid)
-        child_reap(&r.encoder, 2000);
+        kvp__child_reap(&r.encoder, 2000);
     if (r.server.pid) {
         kill(r.server.pid, SIGTERM);
-        child_reap(&r.server, 5000);
+        kvp__child_reap(&r.server, 5000);
     }
-    child_close(&r.prefill);
-    child_close(&r.encoder);
+    kvp__child_close(&r.prefill);
+    kvp__child_close(&r.encoder);
     char pf[300];
     snprintf(pf, sizeof pf, "%s/server.port", dir);
     unlink(pf);
