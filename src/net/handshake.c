@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -322,12 +323,14 @@ static kvp_status_t refused(const char *host, uint16_t port, kvp_status_t st)
     return st;
 }
 
-kvp_status_t kvp__hs_client(const char *host, uint16_t port, const char *token, kvp__hs_want_t want,
-                            uint32_t timeout_ms, kvp__hs_result_t *res)
+/* One connection and its handshake, until deadline.  *lost_p: the server
+ * closed the connection in the middle of it (nothing logged then). */
+static kvp_status_t hs_attempt(const char *host, uint16_t port, const char *token, kvp__hs_want_t want,
+                               uint64_t deadline, kvp__hs_result_t *res, bool *lost_p)
 {
     memset(res, 0, sizeof *res);
     res->fd = -1;
-    uint64_t deadline = kvp__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    *lost_p = false;
     int fd;
     kvp_status_t st = tcp_connect(host, port, deadline, &fd);
     if (st != KVP_OK)
@@ -435,8 +438,47 @@ kvp_status_t kvp__hs_client(const char *host, uint16_t port, const char *token, 
     res->transport = ucx ? KVP_HS_UCX : KVP_HS_TCP;
     return KVP_OK;
 io_failed:
-    kvp_error("connect: handshake with %s:%u: %s", host, port, kvp_status_str(st));
+    if (st == KVP_ERR_CONN_LOST)
+        *lost_p = true;
+    else
+        kvp_error("connect: handshake with %s:%u: %s", host, port, kvp_status_str(st));
 out:
     close(fd);
+    return st;
+}
+
+/* A server with more handshakes in progress than its caps (server/conn.c,
+ * "the handshake gate") closes the one that made progress least recently:
+ * on a loaded host that can be a healthy client that had not yet been
+ * scheduled to answer its challenge.  So a handshake the server closed is
+ * tried again, at most HS_ATTEMPTS times in all, after 10-40 ms (random,
+ * so that the clients displaced together do not come back together), while
+ * the deadline allows.  A server that went away answers the next connect
+ * with a refusal; the loss is what is reported then. */
+#define HS_ATTEMPTS 3
+
+kvp_status_t kvp__hs_client(const char *host, uint16_t port, const char *token, kvp__hs_want_t want,
+                            uint32_t timeout_ms, kvp__hs_result_t *res)
+{
+    uint64_t deadline = kvp__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    bool lost = false;
+    kvp_status_t st = hs_attempt(host, port, token, want, deadline, res, &lost);
+    for (int attempt = 1; lost && attempt < HS_ATTEMPTS; attempt++) {
+        uint8_t r = 0;
+        (void)kvp__random_bytes(&r, 1);
+        uint64_t pause = (10ull + r % 31u) * 1000000ull;
+        if (kvp__now_ns() + pause >= deadline)
+            break;
+        kvp_warn_rl("connect: %s:%u closed the connection during the handshake; trying again", host, port);
+        usleep((useconds_t)(pause / 1000u));
+        bool again = false;
+        kvp_status_t st2 = hs_attempt(host, port, token, want, deadline, res, &again);
+        if (st2 == KVP_ERR_CONN_REFUSED || st2 == KVP_ERR_HOST_UNKNOWN)
+            break; /* gone: the loss is the answer */
+        st = st2;
+        lost = again;
+    }
+    if (lost)
+        kvp_error("connect: handshake with %s:%u: %s", host, port, kvp_status_str(st));
     return st;
 }

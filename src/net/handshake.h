@@ -148,7 +148,10 @@ typedef struct kvp__hs_result {
  * KVP_ERR_TIMEOUT, KVP_ERR_AUTH (the server refused the token, or could not
  * prove it holds it), KVP_ERR_VERSION, KVP_ERR_PROTOCOL (not a kvpool
  * server), KVP_ERR_UNSUPPORTED (UCX_ONLY, not offered), or the server's
- * refusal (KVP_ERR_BUSY, KVP_ERR_CLOSED, ...); logged. */
+ * refusal (KVP_ERR_BUSY, KVP_ERR_CLOSED, ...); logged.  A handshake the
+ * server closes midway (it displaces the least recent one when too many
+ * are in progress) is tried again, up to 3 times within timeout_ms;
+ * KVP_ERR_CONN_LOST when it is still lost. */
 kvp_status_t kvp__hs_client(const char *host, uint16_t port, const char *token, kvp__hs_want_t want,
                             uint32_t timeout_ms, kvp__hs_result_t *res);
 
